@@ -1,0 +1,41 @@
+// The contract between the GPU engine and every local-expert path (cuBLAS fallback, sm_90 split
+// pipeline): what the experts read and where they reduce. All pointers are device pointers.
+//
+//   xs[rows_capacity, hidden] bf16     gathered rows, expert-sorted, each expert's segment padded to
+//                                      kExpertTile rows; padding rows are zero
+//   padded_offsets[E_local + 1] i64    segment starts in xs (device; the host may not know them)
+//   pair_row[rows_capacity] i32        for each xs row: destination row in `out`, -1 for padding
+//   pair_weight[rows_capacity] f32     routing weight of that (row, expert) pair, 0 for padding
+//   w1[E_local, 2*ffn, hidden] bf16    rows 0..ffn-1 gate, ffn..2ffn-1 up
+//   w2[E_local, hidden, ffn] bf16
+//   act[rows_capacity, ffn] bf16       workspace: bf16(silu(gate) * up)
+//   out[out_rows, hidden] bf16         accumulator, zeroed before the experts run:
+//                                      out[pair_row[i]] += pair_weight[i] * (act[i] @ w2_e^T)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace epmoe::kernels {
+
+// Rows per expert segment: the sm_90 kernels' M tile. ExpertLayout.tile must equal this.
+inline constexpr int kExpertTile = 128;
+
+struct ExpertProblem {
+  const __nv_bfloat16* xs = nullptr;
+  const int64_t* padded_offsets = nullptr;
+  const int32_t* pair_row = nullptr;
+  const float* pair_weight = nullptr;
+  const __nv_bfloat16* w1 = nullptr;
+  const __nv_bfloat16* w2 = nullptr;
+  __nv_bfloat16* act = nullptr;
+  __nv_bfloat16* out = nullptr;
+  int64_t rows_capacity = 0;  // rows allocated in xs/act/pair_*: >= padded_offsets[E_local]
+  int64_t out_rows = 0;
+  int experts = 0;            // E_local
+  int hidden = 0;
+  int ffn = 0;
+};
+
+}  // namespace epmoe::kernels

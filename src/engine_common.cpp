@@ -1,0 +1,59 @@
+// Argument validation shared by the engines. Forward arguments are checked into a Status (not
+// thrown) so that the failure travels in the count exchange and every rank raises it.
+#include <sstream>
+
+#include "engine.h"
+
+namespace epmoe {
+
+namespace {
+const char* device_name(DeviceType d) { return d == DeviceType::cpu ? "cpu" : "cuda"; }
+
+// Returns "" if t is dtype[d0, d1] contiguous on `device`, else a message naming the argument.
+std::string tensor_problem(const TensorView& t, const char* name, DType dtype, int64_t d0, int64_t d1,
+                           DeviceType device) {
+  std::ostringstream want;
+  want << dtype_name(dtype) << "[" << d0 << ", " << d1 << "] on " << device_name(device);
+  if (t.dtype != dtype || t.ndim != 2 || t.shape[0] != d0 || t.shape[1] != d1 || t.device != device)
+    return detail::concat(name, ": expected ", want.str(), ", got ", t.describe());
+  if (!t.is_contiguous()) return detail::concat(name, ": must be contiguous, got ", t.describe());
+  if (t.numel() > 0 && t.data == nullptr) return detail::concat(name, ": null data pointer");
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    return detail::concat(name, ": data must be 16-byte aligned (vector loads), got ", t.data);
+  return {};
+}
+}  // namespace
+
+protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x, const TensorView& ids,
+                                       const TensorView& w, const TensorView& y, DeviceType device) {
+  protocol::Status s;
+  if (x.ndim != 2) {
+    s.code = ErrorCode::invalid_argument;
+    s.text = detail::concat("x: expected a 2-d bf16[T, ", cfg.hidden, "] tensor, got ", x.describe());
+    return s;
+  }
+  const int64_t T = x.shape[0];
+  for (const std::string& p : {tensor_problem(x, "x", DType::bf16, T, cfg.hidden, device),
+                               tensor_problem(ids, "topk_ids", DType::i32, T, cfg.top_k, device),
+                               tensor_problem(w, "topk_weights", DType::f32, T, cfg.top_k, device),
+                               tensor_problem(y, "y", DType::bf16, T, cfg.hidden, device)}) {
+    if (!p.empty()) {
+      s.code = ErrorCode::invalid_argument;
+      s.text = p;
+      return s;
+    }
+  }
+  if (T > int64_t(INT32_MAX) / 2) {
+    s.code = ErrorCode::invalid_argument;
+    s.text = detail::concat("T = ", T, " tokens per rank exceeds the 32-bit token index");
+  }
+  return s;
+}
+
+void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
+  const int El = cfg.experts_per_rank();
+  check_tensor(w.w1, "w1", DType::bf16, {El, 2 * int64_t(cfg.ffn), cfg.hidden}, device);
+  check_tensor(w.w2, "w2", DType::bf16, {El, int64_t(cfg.hidden), cfg.ffn}, device);
+}
+
+}  // namespace epmoe

@@ -1,0 +1,84 @@
+// The expert-parallel MoE feed-forward layer (SwiGLU experts, routing given).
+//
+//   y[t] = sum_j w[t,j] * W2_e ( silu(W1gate_e x[t]) * W1up_e x[t] ),  e = ids[t,j] >= 0
+//
+// Weights in the seed's layout, bf16, this rank's experts only:
+//   w1[E_local, 2*ffn, hidden]  rows 0..ffn-1 gate, ffn..2ffn-1 up (output-major)
+//   w2[E_local, hidden, ffn]
+// Rank r owns experts [r*E_local, (r+1)*E_local).
+//
+// The backend follows the weights' device: cpu weights run the CPU engine over any host
+// communicator (mock, MPI); cuda weights run the GPU engine over NCCL.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "epmoe/communicator.h"
+#include "epmoe/moe_config.h"
+#include "epmoe/tensor_view.h"
+
+namespace epmoe {
+
+struct ExpertWeights {
+  TensorView w1;  // bf16 [E_local, 2*ffn, hidden]
+  TensorView w2;  // bf16 [E_local, hidden, ffn]
+};
+
+enum class ExpertPath {
+  automatic,  // sm_90 kernels on Hopper, else the cuBLAS fallback; CPU for cpu weights
+  cpu,
+  cublas,     // grouped GEMM fallback (any CUDA GPU)
+  sm90,       // Hopper split pipeline (WGMMA + TMA)
+};
+
+struct LayerOptions {
+  ExpertPath expert_path = ExpertPath::automatic;
+  int cpu_threads = 1;  // threads the CPU engine's expert compute may use
+  // GPU engine: record events around each phase and fill ForwardStats' *_ms after the forward
+  // (costs a host sync at the end of forward; off for production runs).
+  bool record_phase_times = false;
+  // Inspection hook (tests, debugging), CPU engine: called after the dispatch with the received
+  // rows x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
+  // src/ep_protocol.h) and the rows received from each rank, in host memory.
+  std::function<void(const void* rows, const int32_t* meta, const std::vector<int64_t>& rows_per_rank)> on_receive;
+};
+
+// What the last forward did, for the programs and benchmarks.
+struct ForwardStats {
+  int64_t tokens = 0;
+  std::vector<int64_t> send_rows;  // [world] rows (deduplicated tokens) sent to each rank
+  std::vector<int64_t> recv_rows;  // [world] rows received from each rank
+  int64_t dispatch_bytes = 0;      // bytes this rank sent in the dispatch (rows + metadata)
+  int64_t combine_bytes = 0;       // bytes this rank sent back in the combine
+  int64_t expert_pairs = 0;        // (row, local expert) pairs computed here
+  // Phase times in ms (host wall clock on the CPU engine; GPU engine: events, when enabled).
+  double layout_ms = 0, exchange_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0, reduce_ms = 0;
+};
+
+class MoeLayer {
+ public:
+  MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shared_ptr<Communicator> comm,
+           const LayerOptions& options = {});
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // x bf16[T, hidden], topk_ids i32[T, k], topk_weights f32[T, k] -> y bf16[T, hidden] (written).
+  // T may differ between ranks and may be 0. Collective: every rank must call it. `stream` is a
+  // cudaStream_t for the GPU engine (work is ordered on it; returns without synchronizing).
+  void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights, const TensorView& y,
+               void* stream = nullptr);
+
+  const MoeConfig& config() const;
+  const ForwardStats& last_stats() const;
+  ExpertPath expert_path() const;  // the path in use after `automatic` was resolved
+
+  class Engine;  // CPU or GPU implementation
+
+ private:
+  std::unique_ptr<Engine> engine_;
+};
+
+}  // namespace epmoe

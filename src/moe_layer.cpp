@@ -1,0 +1,47 @@
+#include "epmoe/moe_layer.h"
+
+#include <optional>
+
+#include "engine.h"
+
+namespace epmoe {
+
+MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shared_ptr<Communicator> comm,
+                   const LayerOptions& options) {
+  EPMOE_CHECK(comm != nullptr, ErrorCode::invalid_argument, "MoeLayer needs a communicator");
+  // Local checks are collected, not thrown, so the agreement below still runs on every rank and a
+  // rank with a bad configuration or bad weights fails all ranks instead of leaving them waiting.
+  const DeviceType dev = weights.w1.device;
+  std::optional<Error> local;
+  try {
+    cfg.validate();
+    validate_weights(cfg, weights, dev);
+  } catch (const Error& e) {
+    local = e;
+  }
+  protocol::check_config_agreement(*comm, cfg, local ? &*local : nullptr);
+  if (dev == DeviceType::cpu) {
+    EPMOE_CHECK(options.expert_path == ExpertPath::automatic || options.expert_path == ExpertPath::cpu,
+                ErrorCode::invalid_argument, "cpu weights run only the cpu expert path");
+    engine_ = make_cpu_engine(cfg, weights, std::move(comm), options);
+  } else {
+#if EPMOE_WITH_CUDA
+    engine_ = make_gpu_engine(cfg, weights, std::move(comm), options);
+#else
+    EPMOE_FAIL(ErrorCode::unsupported, "weights are on cuda but this build of epmoe has no CUDA support");
+#endif
+  }
+}
+
+MoeLayer::~MoeLayer() = default;
+
+void MoeLayer::forward(const TensorView& x, const TensorView& ids, const TensorView& w, const TensorView& y,
+                       void* stream) {
+  engine_->forward(x, ids, w, y, stream);
+}
+
+const MoeConfig& MoeLayer::config() const { return engine_->cfg; }
+const ForwardStats& MoeLayer::last_stats() const { return engine_->stats; }
+ExpertPath MoeLayer::expert_path() const { return engine_->path; }
+
+}  // namespace epmoe

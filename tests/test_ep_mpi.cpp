@@ -1,0 +1,97 @@
+// The EP forward under mpirun (one process per rank, MPI communicator): the same cases and checks
+// as the mock-rank suite (tests/ep_case.h), plus the bad-input errors on every rank.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "ep_case.h"
+#include "epmoe/error.h"
+#include "epmoe/mpi_communicator.h"
+
+namespace epmoe::test {
+namespace {
+
+int world() {
+  int w;
+  MPI_Comm_size(MPI_COMM_WORLD, &w);
+  return w;
+}
+
+EpCase mpi_case(int E, int k, int hidden, int ffn, int64_t T, RoutingKind routing, int focus = 0) {
+  EpCase c;
+  c.world = world();
+  c.E = E;
+  c.k = k;
+  c.hidden = hidden;
+  c.ffn = ffn;
+  c.tokens.assign(c.world, T);
+  c.routing = routing;
+  c.focus = focus;
+  c.seed = uint64_t(31 * E + k);
+  return c;
+}
+
+TEST(EpMpi, Uniform) { run_ep_case_cpu(mpi_case(8, 2, 128, 128, 96, RoutingKind::uniform), make_mpi_communicator()); }
+TEST(EpMpi, ZipfLargeK) { run_ep_case_cpu(mpi_case(32, 8, 128, 768, 64, RoutingKind::zipf), make_mpi_communicator()); }
+TEST(EpMpi, Hidden2048) { run_ep_case_cpu(mpi_case(8, 4, 2048, 1024, 8, RoutingKind::uniform), make_mpi_communicator()); }
+TEST(EpMpi, AllToOneExpert) {
+  run_ep_case_cpu(mpi_case(8, 2, 128, 128, 64, RoutingKind::one_expert, 7), make_mpi_communicator());
+}
+TEST(EpMpi, DropsAndEmptyRows) {
+  run_ep_case_cpu(mpi_case(32, 4, 128, 128, 64, RoutingKind::with_drops), make_mpi_communicator());
+}
+TEST(EpMpi, OnlyRankZeroExpertsUsed) {
+  run_ep_case_cpu(mpi_case(8, 2, 128, 128, 64, RoutingKind::local_only, 0), make_mpi_communicator());
+}
+TEST(EpMpi, RankWithZeroTokens) {
+  EpCase c = mpi_case(8, 2, 128, 128, 0, RoutingKind::uniform);
+  for (int r = 0; r < c.world; ++r) c.tokens[r] = r == 1 ? 0 : 40 + r;
+  run_ep_case_cpu(c, make_mpi_communicator());
+}
+
+TEST(EpMpi, BadIdOnLastRankFailsEveryRank) {
+  auto comm = make_mpi_communicator();
+  const int W = world(), me = comm->rank(), E = 4 * W, k = 2, H = 128, F = 128;
+  const int64_t T = 16;
+  MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = me};
+  auto w1 = random_bf16(size_t(4) * 2 * F * H, 1, 0.1f), w2 = random_bf16(size_t(4) * H * F, 2, 0.1f);
+  MoeLayer layer(cfg,
+                 {TensorView::contiguous(w1.data(), DType::bf16, {4, 2 * F, H}),
+                  TensorView::contiguous(w2.data(), DType::bf16, {4, H, F})},
+                 comm);
+  auto x = make_x(1, me, T, H);
+  auto R = make_routing(T, E, k, RoutingKind::uniform, mix(2, me));
+  if (me == W - 1) R.ids[3 * k + 1] = E + 5;
+  std::vector<bf16> y(T * H);
+  try {
+    layer.forward(TensorView::contiguous(x.data(), DType::bf16, {T, H}),
+                  TensorView::contiguous(R.ids.data(), DType::i32, {T, k}),
+                  TensorView::contiguous(R.weights.data(), DType::f32, {T, k}),
+                  TensorView::contiguous(y.data(), DType::bf16, {T, H}));
+    ADD_FAILURE() << "rank " << me << ": no error raised";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::expert_id_out_of_range);
+    const std::string want = "rank " + std::to_string(W - 1) + ": topk_ids[3, 1] = " + std::to_string(E + 5);
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+  }
+}
+
+TEST(EpMpi, ConfigMismatchFailsEveryRank) {
+  auto comm = make_mpi_communicator();
+  const int W = world(), me = comm->rank();
+  MoeConfig cfg{.num_experts = 2 * W, .top_k = 2, .hidden = me == 0 ? 256 : 128, .ffn = 128, .world_size = W,
+                .rank = me};
+  std::vector<bf16> w1(size_t(2) * 2 * 128 * cfg.hidden), w2(size_t(2) * cfg.hidden * 128);
+  try {
+    MoeLayer layer(cfg,
+                   {TensorView::contiguous(w1.data(), DType::bf16, {2, 256, cfg.hidden}),
+                    TensorView::contiguous(w2.data(), DType::bf16, {2, cfg.hidden, 128})},
+                   comm);
+    ADD_FAILURE() << "rank " << me << ": no error raised";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::config_mismatch) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hidden ranges over [128, 256]"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace epmoe::test
