@@ -1,0 +1,317 @@
+#!/usr/bin/env bash
+# gpu_check.sh: build epmoe on the H200 machine and run every GPU check in one call.
+#
+#   bash launch/gpu_check.sh            (from the repo root; $OUT is the folder that comes back)
+#
+# Stages (each with its own log and a time guard; a failure never stops the stages after it):
+#   build          cmake -G Ninja Release, sm_90a, NCCL from the torch venv -> build-gpu/ ($OUT/build.log)
+#   cpu            ctest -L cpu                    (quick sanity, parallel)
+#   gpu            ctest -L gpu -LE mpi            (1-GPU suites)
+#   mpi            ctest -L mpi                    (np 2 GPU suites with >= 2 GPUs; with 1 GPU, -LE gpu)
+#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down*:
+#                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
+#   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
+#   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
+#   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
+#
+# Environment:
+#   GPU_CHECK_STAGES=cpu,gpu,...   run these stages only (default all; the build always runs unless
+#                                  the list holds "nobuild"; "bench" = both bench stages)
+#   GPU_CHECK_QUICK=1              shorter benches (EP: --shapes default instead of all)
+#   GPU_CHECK_BUDGET_S=510         the whole run's time budget; stages are cut to fit it
+#   GPU_CHECK_EXPERTS_SHAPES=full  --shapes for epmoe_bench_experts and baseline_moe.py
+#
+# $OUT gets at most 8 files: build.log, summary.txt, logs.tar.gz (every stage's log, the SASS
+# excerpt, the compare tables) and the bench JSONs (bench_experts, baseline_moe, bench_ep,
+# ep_baseline).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl_vader_single_copy_mechanism=none  # no CMA/ptrace needs for host messages
+export PYTHONUNBUFFERED=1
+export PATH=/usr/local/cuda/bin:$PATH
+
+OUT=${OUT:-$PWD/gpu_check_out}
+LOGS=$OUT/logs
+BUILD=build-gpu
+STAGES=${GPU_CHECK_STAGES:-all}
+QUICK=${GPU_CHECK_QUICK:-0}
+BUDGET=${GPU_CHECK_BUDGET_S:-510}
+EXPERTS_SHAPES=${GPU_CHECK_EXPERTS_SHAPES:-full}
+EP_SHAPES=all
+[[ $QUICK == 1 ]] && EP_SHAPES=default
+NCCL_DIR=/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl
+TORCH_CMAKE=/opt/torch/.venv/lib/python3.12/site-packages/torch/share/cmake
+NCPU=$(nproc)
+mkdir -p "$OUT" "$LOGS"
+[[ -d $NCCL_DIR/lib ]] && export LD_LIBRARY_PATH=$NCCL_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+
+declare -A STATUS=() SECS=() KEY=()
+ORDER=()
+T0=$SECONDS
+KEY_FIG=""
+CUR_LOG=/dev/null
+STAGE_DEADLINE=0
+NGPU=0
+
+log() { echo "[gpu_check $(( SECONDS - T0 ))s] $*"; }
+
+want() {
+  local s=",$STAGES,"
+  [[ $s == *",all,"* || $s == *",$1,"* ]] && return 0
+  [[ $1 == bench_* && $s == *",bench,"* ]] && return 0
+  return 1
+}
+
+# tmo [--max S] cmd...: run cmd under the current stage's deadline (at most S seconds), killing
+# its whole process group at the limit; echoes the command first.
+tmo() {
+  local cap=100000
+  if [[ $1 == --max ]]; then cap=$2; shift 2; fi
+  local left=$(( STAGE_DEADLINE - SECONDS ))
+  (( left > cap )) && left=$cap
+  (( left < 5 )) && left=5
+  echo "+ [limit ${left}s] $*" >&2
+  timeout -k 10 "$left" "$@"
+}
+
+# run_stage NAME LIMIT_S FUNCTION: records STATUS (PASS/FAIL/SKIP), SECS, KEY. The function returns
+# 0 = PASS, 77 = SKIP, anything else = FAIL, and may set KEY_FIG.
+run_stage() {
+  local name=$1 limit=$2 fn=$3 rc=0 start=$SECONDS
+  ORDER+=("$name")
+  if [[ $name == build ]]; then
+    [[ ",$STAGES," == *",nobuild,"* ]] && { STATUS[$name]=SKIP; SECS[$name]=0; KEY[$name]="nobuild"; return; }
+  elif ! want "$name"; then
+    STATUS[$name]=SKIP; SECS[$name]=0; KEY[$name]="not selected"; return
+  fi
+  local left=$(( BUDGET - (SECONDS - T0) ))
+  if (( left < 30 )); then
+    STATUS[$name]=SKIP; SECS[$name]=0; KEY[$name]="time budget spent"; log "$name: SKIP (budget)"; return
+  fi
+  (( limit > left - 15 )) && limit=$(( left - 15 ))
+  STAGE_DEADLINE=$(( SECONDS + limit ))
+  KEY_FIG=""
+  local logf=$LOGS/$name.log
+  [[ $name == build ]] && logf=$OUT/build.log
+  CUR_LOG=$logf
+  log "$name: start (limit ${limit}s, log ${logf#$OUT/})"
+  "$fn" > "$logf" 2>&1 || rc=$?
+  local st=FAIL
+  (( rc == 0 )) && st=PASS
+  (( rc == 77 )) && st=SKIP
+  (( rc == 124 || rc == 137 )) && KEY_FIG="timed out (${limit}s) ${KEY_FIG}"
+  STATUS[$name]=$st; SECS[$name]=$(( SECONDS - start )); KEY[$name]=${KEY_FIG:-rc=$rc}
+  log "$name: $st in ${SECS[$name]}s: ${KEY[$name]}"
+  if [[ $st == FAIL ]]; then
+    echo "----- tail of ${logf#$OUT/} -----"; tail -n 25 "$logf" || true; echo "-----"
+  fi
+}
+
+# ---- stages --------------------------------------------------------------------------------------
+
+stage_build() {
+  local args=(-S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a)
+  if [[ -d $NCCL_DIR ]]; then
+    ls -l "$NCCL_DIR/lib" || true
+    args+=(-DNCCL_ROOT="$NCCL_DIR")
+  else
+    echo "warning: $NCCL_DIR not found; FindNCCL searches its default places"
+  fi
+  [[ -d $TORCH_CMAKE ]] && args+=(-DCMAKE_PREFIX_PATH="$TORCH_CMAKE")
+  local rc=0
+  tmo --max 120 cmake "${args[@]}" || rc=$?
+  if (( rc )); then KEY_FIG="configure failed"; return $rc; fi
+  tmo cmake --build "$BUILD" -j "$NCPU" -- -k 0 || rc=$?
+  local failed; failed=$(grep -c '^FAILED:' "$CUR_LOG" || true)
+  if (( rc )); then KEY_FIG="$failed target(s) failed (ninja -k 0: the rest was built)"; return $rc; fi
+  KEY_FIG="$(grep -E '^-- epmoe:' "$CUR_LOG" | tail -1 | sed 's/^-- epmoe: //')"
+}
+
+# ctest_stage ARGS...: PASS when ctest passes, SKIP when no test matched.
+ctest_stage() {
+  local rc=0
+  tmo ctest --test-dir "$BUILD" --output-on-failure --no-tests=ignore "$@" || rc=$?
+  if grep -q "No tests were found" "$CUR_LOG"; then KEY_FIG="no tests matched"; return 77; fi
+  KEY_FIG=$(grep -E "tests passed" "$CUR_LOG" | tail -1 || true)
+  local skipped; skipped=$(grep -c "\*\*\*Skipped" "$CUR_LOG" || true)
+  (( skipped > 0 )) && KEY_FIG="$KEY_FIG; $skipped skipped"
+  return $rc
+}
+stage_cpu() { ctest_stage -L cpu -j "$NCPU"; }
+stage_gpu() { ctest_stage -L gpu -LE mpi -j 1; }
+stage_mpi() {
+  if (( NGPU >= 2 )); then
+    ctest_stage -L mpi -j 1
+  else
+    echo "1 GPU: the gpu-labelled mpirun suites are left out"
+    ctest_stage -L mpi -LE gpu -j 1
+  fi
+}
+
+stage_sass() {
+  local inputs=() dump=/tmp/gpu_check_sass.txt rc=0
+  rm -f "$dump"
+  for f in "$BUILD/libepmoe.a" "$BUILD/libepmoe.so"; do [[ -f $f ]] && inputs+=("$f"); done
+  if (( ${#inputs[@]} )); then tmo --max 60 cuobjdump --dump-sass "${inputs[@]}" > "$dump" || rc=$?; fi
+  if (( ${#inputs[@]} == 0 || rc != 0 )) || ! grep -q "Function : " "$dump"; then
+    echo "no SASS from the library (rc=$rc); trying the object files"
+    mapfile -t inputs < <(find "$BUILD" -path '*epmoe.dir*' -name '*.cu.o' | sort)
+    (( ${#inputs[@]} )) || { KEY_FIG="no libepmoe and no .cu.o objects"; return 1; }
+    rc=0
+    tmo --max 60 cuobjdump --dump-sass "${inputs[@]}" > "$dump" || rc=$?
+    (( rc )) && { KEY_FIG="cuobjdump failed (rc=$rc)"; return 1; }
+  fi
+  echo "inputs: ${inputs[*]}"
+  echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
+  # Per kernel named *sm90_up* / *sm90_down*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
+  awk -v excerpt="$LOGS/sass_sm90.txt" '
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down/)
+                    if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
+    keep { print > excerpt
+           if ($0 ~ /HGMMA/) h[name]++
+           if ($0 !~ /Function : / && $0 ~ /(^|[^A-Za-z0-9_])(LDL|STL)([^A-Za-z0-9_]|$)/) l[name]++ }
+    END { for (i = 1; i <= nk; i++) { n = order[i]; printf "%8d %8d  %s\n", h[n] + 0, l[n] + 0, n; th += h[n]; tl += l[n] }
+          printf "TOTAL %d %d %d\n", nk, th, tl }' "$dump" > /tmp/gpu_check_sass_sum.txt
+  echo "   HGMMA  LDL/STL  kernel"
+  if command -v c++filt > /dev/null; then
+    grep -v '^TOTAL' /tmp/gpu_check_sass_sum.txt | while read -r h l n; do
+      printf "%8s %8s  %s\n" "$h" "$l" "$(c++filt "$n" | cut -c1-160)"; done
+  else
+    grep -v '^TOTAL' /tmp/gpu_check_sass_sum.txt
+  fi
+  local nk th tl
+  read -r _ nk th tl < <(grep '^TOTAL' /tmp/gpu_check_sass_sum.txt)
+  KEY_FIG="$nk kernels: HGMMA $th, LDL/STL $tl"
+  echo "$KEY_FIG"
+  (( nk > 0 )) || { KEY_FIG="no kernel named *sm90_up* / *sm90_down* in the SASS"; return 1; }
+  (( th > 0 && tl == 0 ))
+}
+
+stage_sanitizer() {
+  local bin=$BUILD/tests/gpu/test_sm90_experts filter='*Small*'
+  [[ -x $bin ]] || { KEY_FIG="no $bin"; return 77; }
+  command -v compute-sanitizer > /dev/null || { KEY_FIG="no compute-sanitizer"; return 77; }
+  local n; n=$("$bin" --gtest_list_tests --gtest_filter="$filter" 2>/dev/null | grep -c '^  ' || true)
+  (( n > 0 )) || { KEY_FIG="no test matches $filter"; return 77; }
+  echo "$n test(s) match $filter"
+  local rc1=0 rc2=0 half=$(( (STAGE_DEADLINE - SECONDS) / 2 ))
+  echo "===== memcheck"
+  tmo --max "$half" compute-sanitizer --tool memcheck --error-exitcode 99 "$bin" --gtest_filter="$filter" || rc1=$?
+  echo "===== racecheck"
+  tmo compute-sanitizer --tool racecheck --error-exitcode 99 "$bin" --gtest_filter="$filter" || rc2=$?
+  local mem race
+  mem=$(grep -E "ERROR SUMMARY" "$CUR_LOG" | head -1 | sed 's/.*ERROR SUMMARY: //' || true)
+  race=$(grep -E "RACECHECK SUMMARY" "$CUR_LOG" | tail -1 | sed 's/.*RACECHECK SUMMARY: //' || true)
+  KEY_FIG="$n tests; memcheck ${mem:-?} (rc $rc1); racecheck ${race:-?} (rc $rc2)"
+  (( rc1 == 0 && rc2 == 0 ))
+}
+
+stage_bench_experts() {
+  local bin=$BUILD/src/programs/epmoe_bench_experts rc=0 rcb=0 rcc=0
+  rm -f "$OUT/bench_experts.json" "$OUT/baseline_moe.json"
+  if [[ -x $bin ]]; then
+    tmo --max $(( (STAGE_DEADLINE - SECONDS) * 2 / 5 )) "$bin" --shapes "$EXPERTS_SHAPES" --json "$OUT/bench_experts.json" || rc=$?
+  else
+    echo "missing $bin"; rc=1
+  fi
+  if [[ -f launch/baseline_moe.py ]]; then
+    tmo --max $(( STAGE_DEADLINE - SECONDS - 15 )) python3 launch/baseline_moe.py --json "$OUT/baseline_moe.json" --shapes "$EXPERTS_SHAPES" || rcb=$?
+  else
+    echo "missing launch/baseline_moe.py"; rcb=1
+  fi
+  if [[ -f $OUT/bench_experts.json && -f $OUT/baseline_moe.json && -f launch/compare_experts.py ]]; then
+    tmo python3 launch/compare_experts.py "$OUT/bench_experts.json" "$OUT/baseline_moe.json" > "$LOGS/compare_experts.txt" 2>&1 || rcc=$?
+    cat "$LOGS/compare_experts.txt"
+    KEY_FIG=$(grep -v '^\s*$' "$LOGS/compare_experts.txt" | tail -1 | cut -c1-110)
+  else
+    rcc=1
+  fi
+  KEY_FIG="${KEY_FIG:-no comparison} [bench rc $rc, baseline rc $rcb, compare rc $rcc]"
+  (( rc == 0 && rcb == 0 && rcc == 0 ))
+}
+
+stage_bench_ep() {
+  local bin=$BUILD/src/programs/epmoe_bench_ep np=1 rc=0 rcb=0 rcc=0
+  (( NGPU >= 2 )) && np=2
+  rm -f "$OUT/bench_ep.json" "$OUT/ep_baseline.json"
+  if [[ -x $bin ]]; then
+    tmo --max $(( (STAGE_DEADLINE - SECONDS) / 2 )) mpirun -np "$np" --oversubscribe --allow-run-as-root --bind-to none \
+      -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH -x PATH \
+      "$bin" --shapes "$EP_SHAPES" --json "$OUT/bench_ep.json" > "$LOGS/bench_ep_table.txt" || rc=$?
+    cat "$LOGS/bench_ep_table.txt"
+  else
+    echo "missing $bin"; rc=1
+  fi
+  tmo --max $(( STAGE_DEADLINE - SECONDS - 15 )) python3 launch/ep_baseline.py --world "$np" --shapes "$EP_SHAPES" \
+    --json "$OUT/ep_baseline.json" || rcb=$?
+  if [[ -f $OUT/bench_ep.json && -f $OUT/ep_baseline.json ]]; then
+    tmo python3 launch/compare_ep.py "$OUT/bench_ep.json" "$OUT/ep_baseline.json" > "$LOGS/compare_ep.txt" 2>&1 || rcc=$?
+    cat "$LOGS/compare_ep.txt"
+    KEY_FIG=$(grep -E "^geomean" "$LOGS/compare_ep.txt" | tail -1 || true)
+  else
+    rcc=1
+  fi
+  KEY_FIG="np $np: ${KEY_FIG:-no comparison} [bench rc $rc, baseline rc $rcb, compare rc $rcc]"
+  (( rc == 0 && rcb == 0 && rcc == 0 ))
+}
+
+# ---- the end: summary, logs tarball, file count ----------------------------------------------------
+
+FINISHED=0
+finish() {
+  (( FINISHED )) && return
+  FINISHED=1
+  set +eu
+  {
+    echo "# gpu_check $(date -u '+%Y-%m-%d %H:%M:%S UTC'): $NGPU GPU(s), stages '$STAGES', quick $QUICK, $(( SECONDS - T0 ))s"
+    printf "%-14s | %-6s | %7s | %s\n" stage status seconds "key figure"
+    printf -- "---------------+--------+---------+------------------------------------------\n"
+    for s in "${ORDER[@]}"; do
+      printf "%-14s | %-6s | %7s | %s\n" "$s" "${STATUS[$s]:-?}" "${SECS[$s]:-0}" "${KEY[$s]:-}"
+    done
+  } > "$OUT/summary.txt.head"
+  {
+    for f in compare_experts compare_ep; do
+      [[ -f $LOGS/$f.txt ]] && { echo; echo "## $f"; cat "$LOGS/$f.txt"; }
+    done
+    [[ -f $LOGS/bench_ep_table.txt ]] && { echo; echo "## epmoe_bench_ep"; cat "$LOGS/bench_ep_table.txt"; }
+    if [[ -f $LOGS/sass.log ]]; then echo; echo "## SASS (sm90 up/down kernels)"; sed -n '/HGMMA  LDL/,$p' "$LOGS/sass.log" | head -20; fi
+    echo
+    cat "$OUT/summary.txt.head"
+  } > "$OUT/summary.txt"
+  rm -f "$OUT/summary.txt.head"
+  tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$LOGS"
+  local nfiles; nfiles=$(find "$OUT" -type f | wc -l)
+  echo
+  cat "$OUT/summary.txt"
+  echo "# \$OUT holds $nfiles file(s): $(cd "$OUT" && ls | tr '\n' ' ')"
+  (( nfiles <= 8 )) || echo "# WARNING: more than 8 files under \$OUT: some will not come back"
+}
+trap finish EXIT
+
+# ---- run -----------------------------------------------------------------------------------------
+
+log "repo $(pwd), OUT=$OUT, stages '$STAGES', quick $QUICK, budget ${BUDGET}s, $NCPU cores"
+nvidia-smi -L || echo "nvidia-smi failed"
+NGPU=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU' || true)
+NGPU=${NGPU:-0}
+echo "GPU count: $NGPU"
+nvcc --version | tail -2 || true
+cmake --version | head -1 || true
+
+run_stage build 330 stage_build
+run_stage cpu 90 stage_cpu
+run_stage gpu 150 stage_gpu
+run_stage mpi 150 stage_mpi
+run_stage sass 60 stage_sass
+run_stage sanitizer 150 stage_sanitizer
+run_stage bench_experts 150 stage_bench_experts
+run_stage bench_ep 180 stage_bench_ep
+
+overall=0
+for s in "${ORDER[@]}"; do [[ ${STATUS[$s]} == FAIL ]] && overall=1; done
+finish
+exit $overall

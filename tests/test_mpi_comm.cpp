@@ -1,0 +1,296 @@
+// The MPI communicator under mpirun (any number of ranks): exact data for every collective,
+// uneven and empty alltoallv blocks over several planes, the chunked path that carries blocks
+// beyond MPI's int counts (forced with a tiny chunk), and size errors that fail every rank alike
+// and leave the communicator usable.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/mpi_comm.h"
+#include "epmoe/error.h"
+
+namespace epmoe {
+namespace {
+
+// ---- an uneven alltoallv pattern, known to every rank (as in test_mock_comm) ------------------
+
+std::vector<size_t> random_block_sizes(int world, int plane, uint32_t seed, size_t max_bytes) {
+  std::mt19937 rng(seed * 7919u + uint32_t(plane) * 104729u + uint32_t(world));
+  std::uniform_int_distribution<size_t> size(1, max_bytes);
+  std::vector<size_t> bytes(size_t(world) * world);
+  for (size_t& b : bytes) b = rng() % 4 == 0 ? 0 : size(rng);
+  return bytes;
+}
+
+uint8_t pattern_byte(int plane, int src, int dst, size_t i) {
+  return uint8_t(src * 37 + dst * 11 + plane * 101 + i * 7 + (i >> 8));
+}
+
+constexpr uint8_t kUntouched = 0xEE;
+
+struct RankPlane {
+  std::vector<uint8_t> send, recv;
+  AlltoallvPlane plane;
+};
+
+// Send blocks in destination order, receive blocks in reverse source order, small gaps between.
+RankPlane make_rank_plane(const std::vector<size_t>& bytes, int world, int plane, int me) {
+  RankPlane rp;
+  AlltoallvPlane& pl = rp.plane;
+  pl.send_bytes.resize(world);
+  pl.send_offsets.resize(world);
+  pl.recv_bytes.resize(world);
+  pl.recv_offsets.resize(world);
+  size_t send_end = 0, recv_end = 0;
+  for (int p = 0; p < world; ++p) {
+    pl.send_offsets[p] = send_end;
+    pl.send_bytes[p] = bytes[size_t(me) * world + p];
+    send_end += pl.send_bytes[p] + size_t(p % 3);
+  }
+  for (int p = world - 1; p >= 0; --p) {
+    pl.recv_offsets[p] = recv_end;
+    pl.recv_bytes[p] = bytes[size_t(p) * world + me];
+    recv_end += pl.recv_bytes[p] + size_t(p % 2);
+  }
+  rp.send.assign(send_end, kUntouched);
+  rp.recv.assign(recv_end, kUntouched);
+  for (int p = 0; p < world; ++p)
+    for (size_t i = 0; i < pl.send_bytes[p]; ++i) rp.send[pl.send_offsets[p] + i] = pattern_byte(plane, me, p, i);
+  pl.send = rp.send.data();
+  pl.recv = rp.recv.data();
+  return rp;
+}
+
+size_t count_wrong_bytes(const RankPlane& rp, int world, int plane, int me) {
+  std::vector<uint8_t> want(rp.recv.size(), kUntouched);
+  for (int p = 0; p < world; ++p)
+    for (size_t i = 0; i < rp.plane.recv_bytes[p]; ++i) want[rp.plane.recv_offsets[p] + i] = pattern_byte(plane, p, me, i);
+  size_t wrong = 0;
+  for (size_t i = 0; i < want.size(); ++i) wrong += want[i] != rp.recv[i];
+  return wrong;
+}
+
+void check_alltoallv(Communicator& comm, int num_planes, uint32_t seed, size_t max_bytes) {
+  const int world = comm.world_size(), me = comm.rank();
+  std::vector<RankPlane> rps;
+  std::vector<AlltoallvPlane> planes;
+  for (int i = 0; i < num_planes; ++i) {
+    rps.push_back(make_rank_plane(random_block_sizes(world, i, seed, max_bytes), world, i, me));
+    planes.push_back(rps.back().plane);
+  }
+  comm.alltoallv(planes);
+  for (int i = 0; i < num_planes; ++i)
+    EXPECT_EQ(count_wrong_bytes(rps[i], world, i, me), 0u) << "rank " << me << " plane " << i << " seed " << seed;
+}
+
+// Restores the default chunk when a test ends, however it ends.
+struct ChunkOverride {
+  explicit ChunkOverride(size_t bytes) { mpi_comm_set_max_chunk_bytes_for_testing(bytes); }
+  ~ChunkOverride() { mpi_comm_set_max_chunk_bytes_for_testing(0); }
+};
+
+// Runs `call` and returns the epmoe::Error it threw (or fails the test if none).
+template <class F>
+std::pair<ErrorCode, std::string> expect_error(F call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+  ADD_FAILURE() << "no epmoe::Error thrown";
+  return {ErrorCode::ok, ""};
+}
+
+// The same string on every rank (error messages must agree).
+bool same_on_all_ranks(const std::string& s) {
+  const uint64_t h = std::hash<std::string>{}(s);
+  uint64_t lo = h, hi = h;
+  MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+class MpiComm : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    comm = make_mpi_communicator(MPI_COMM_WORLD);
+    world = comm->world_size();
+    me = comm->rank();
+  }
+  std::shared_ptr<Communicator> comm;
+  int world = 0, me = 0;
+};
+
+TEST_F(MpiComm, Properties) {
+  int r = -1, n = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  EXPECT_EQ(me, r);
+  EXPECT_EQ(world, n);
+  EXPECT_EQ(comm->name(), "mpi");
+  EXPECT_EQ(comm->memory_space(), MemorySpace::host);
+  EXPECT_EQ(mpi_comm_max_chunk_bytes(), kMpiDefaultMaxChunkBytes);
+}
+
+TEST_F(MpiComm, AlltoallI64) {
+  for (size_t count : {size_t(3), size_t(1), size_t(0)}) {
+    std::vector<int64_t> send(size_t(world) * count), recv(size_t(world) * count, -1);
+    for (int p = 0; p < world; ++p)
+      for (size_t i = 0; i < count; ++i) send[p * count + i] = int64_t(me) * 1000000 + p * 1000 + int64_t(i);
+    comm->alltoall_i64(send.data(), recv.data(), count);
+    for (int p = 0; p < world; ++p)
+      for (size_t i = 0; i < count; ++i) EXPECT_EQ(recv[p * count + i], int64_t(p) * 1000000 + me * 1000 + int64_t(i));
+  }
+}
+
+TEST_F(MpiComm, AlltoallvUnevenTwoPlanes) {
+  for (uint32_t seed = 1; seed <= 6; ++seed) check_alltoallv(*comm, 2, seed, 300);
+  check_alltoallv(*comm, 1, 77, 20000);
+  check_alltoallv(*comm, 0, 0, 1);  // no planes: still agrees and returns
+}
+
+TEST_F(MpiComm, AlltoallvAllEmpty) {
+  AlltoallvPlane empty;
+  empty.send_bytes.assign(world, 0);
+  empty.send_offsets.assign(world, 0);
+  empty.recv_bytes.assign(world, 0);
+  empty.recv_offsets.assign(world, 0);
+  std::vector<AlltoallvPlane> planes{empty, empty};
+  comm->alltoallv(planes);
+}
+
+// The path that carries blocks and offsets beyond INT_MAX: every block split into many chunks.
+TEST_F(MpiComm, ChunkedPathWithTinyChunks) {
+  for (size_t chunk : {size_t(1), size_t(7), size_t(256)}) {
+    ChunkOverride force(chunk);
+    EXPECT_EQ(mpi_comm_max_chunk_bytes(), chunk);
+    for (uint32_t seed = 10; seed < 13; ++seed) check_alltoallv(*comm, 2, seed, chunk == 1 ? 40 : 2000);
+  }
+  EXPECT_EQ(mpi_comm_max_chunk_bytes(), kMpiDefaultMaxChunkBytes);
+}
+
+TEST_F(MpiComm, ChunkedPathWithMegabyteBlocks) {
+  ChunkOverride force(size_t(1) << 20);
+  check_alltoallv(*comm, 2, 21, size_t(3) << 20);  // blocks up to 3 MiB: up to 3 chunks each, odd tails
+}
+
+TEST_F(MpiComm, ChunkKnobRejectsOverIntMax) {
+  EXPECT_THROW(mpi_comm_set_max_chunk_bytes_for_testing(size_t(INT_MAX) + 1), Error);
+  EXPECT_EQ(mpi_comm_max_chunk_bytes(), kMpiDefaultMaxChunkBytes);
+}
+
+TEST_F(MpiComm, AllreduceMax) {
+  for (int salt = 0; salt < 4; ++salt) {
+    auto value = [&](int r, size_t i) -> int64_t {
+      return int64_t((r * 7 + int(i) * 13 + salt) % (world + 5)) - 3 - int64_t(i % 2) * (1LL << 40);
+    };
+    std::vector<int64_t> values(5);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = value(me, i);
+    comm->allreduce_max_i64(values.data(), values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      int64_t want = value(0, i);
+      for (int r = 1; r < world; ++r) want = std::max(want, value(r, i));
+      EXPECT_EQ(values[i], want) << "index " << i;
+    }
+  }
+}
+
+// Nobody leaves a barrier before the last rank entered it. Ranks enter staggered (rank r sleeps
+// r * 20 ms); times come from steady_clock, which is one clock for all processes of one host, so
+// the check runs only when every rank shares this host.
+TEST_F(MpiComm, BarrierWaitsForTheLastRank) {
+  MPI_Comm local;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+  int local_size = 0;
+  MPI_Comm_size(local, &local_size);
+  MPI_Comm_free(&local);
+  auto now_us = [] {
+    return int64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                       std::chrono::steady_clock::now().time_since_epoch()).count());
+  };
+  for (int round = 0; round < 3; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20 * ((me + round) % world)));
+    const int64_t entered = now_us();
+    comm->barrier();
+    const int64_t left = now_us();
+    int64_t last_entry = entered, first_exit = -left;  // max of entries, min of exits (as max of negatives)
+    comm->allreduce_max_i64(&last_entry, 1);
+    comm->allreduce_max_i64(&first_exit, 1);
+    if (local_size == world) EXPECT_LE(last_entry, -first_exit) << "round " << round;
+  }
+}
+
+// ---- inconsistent arguments: the same error on every rank, and the communicator still works ----
+
+TEST_F(MpiComm, SizeMismatchFailsEveryRank) {
+  const std::vector<size_t> bytes = random_block_sizes(world, 0, 5, 50);
+  RankPlane rp = make_rank_plane(bytes, world, 0, me);
+  const int src = (world - 1) % world;  // rank 0 expects one byte too many from the last rank
+  if (me == 0) rp.plane.recv_bytes[src] += 1;
+  std::vector<AlltoallvPlane> planes{rp.plane};
+  auto [code, what] = expect_error([&] { comm->alltoallv(planes); });
+  EXPECT_EQ(code, ErrorCode::comm_error) << what;
+  const std::string want = "size mismatch, plane 0: rank 0 expects " + std::to_string(bytes[size_t(src) * world] + 1) +
+                           " bytes from rank " + std::to_string(src) + ", which sends " +
+                           std::to_string(bytes[size_t(src) * world]);
+  EXPECT_NE(what.find(want), std::string::npos) << what;
+  EXPECT_TRUE(same_on_all_ranks(what)) << what;
+  check_alltoallv(*comm, 2, 3, 100);  // nothing was sent: the next exchange is clean
+}
+
+TEST_F(MpiComm, PlaneCountMismatchFailsEveryRank) {
+  if (world < 2) GTEST_SKIP() << "needs 2 ranks";
+  RankPlane rp = make_rank_plane(std::vector<size_t>(size_t(world) * world, 0), world, 0, me);
+  std::vector<AlltoallvPlane> planes(me == 1 ? 2 : 1, rp.plane);
+  auto [code, what] = expect_error([&] { comm->alltoallv(planes); });
+  EXPECT_EQ(code, ErrorCode::comm_error) << what;
+  EXPECT_NE(what.find("plane count mismatch: rank 1 passed 2, rank 0 passed 1"), std::string::npos) << what;
+  EXPECT_TRUE(same_on_all_ranks(what)) << what;
+  comm->barrier();
+}
+
+TEST_F(MpiComm, BadPlaneShapeFailsEveryRank) {
+  RankPlane rp = make_rank_plane(std::vector<size_t>(size_t(world) * world, 1), world, 0, me);
+  const int bad = world - 1;
+  if (me == bad) rp.plane.send_offsets.push_back(0);
+  std::vector<AlltoallvPlane> planes{rp.plane};
+  auto [code, what] = expect_error([&] { comm->alltoallv(planes); });
+  EXPECT_EQ(code, ErrorCode::invalid_argument) << what;
+  EXPECT_NE(what.find("rank " + std::to_string(bad) + " plane 0: send_offsets has " + std::to_string(world + 1) +
+                      " entries"),
+            std::string::npos)
+      << what;
+  EXPECT_TRUE(same_on_all_ranks(what)) << what;
+}
+
+TEST_F(MpiComm, TooManyPlanesFailsEveryRank) {
+  RankPlane rp = make_rank_plane(std::vector<size_t>(size_t(world) * world, 0), world, 0, me);
+  std::vector<AlltoallvPlane> planes(9, rp.plane);
+  auto [code, what] = expect_error([&] { comm->alltoallv(planes); });
+  EXPECT_EQ(code, ErrorCode::unsupported) << what;
+  EXPECT_TRUE(same_on_all_ranks(what)) << what;
+}
+
+TEST(MpiCommLifetime, ManyCommunicatorsComeAndGo) {
+  for (int i = 0; i < 20; ++i) {
+    auto c = make_mpi_communicator(MPI_COMM_WORLD);
+    c->barrier();
+  }
+  auto a = make_mpi_communicator(MPI_COMM_WORLD), b = make_mpi_communicator(MPI_COMM_WORLD);
+  int64_t va = a->rank(), vb = -b->rank();
+  a->allreduce_max_i64(&va, 1);  // independent duplicates: traffic on one never matches the other
+  b->allreduce_max_i64(&vb, 1);
+  EXPECT_EQ(va, a->world_size() - 1);
+  EXPECT_EQ(vb, 0);
+}
+
+}  // namespace
+}  // namespace epmoe
