@@ -1,4 +1,5 @@
 // Uses only the installed public headers: a 1-rank mock world and one small forward.
+#include <epmoe/bf16.h>
 #include <epmoe/communicator.h>
 #include <epmoe/moe_layer.h>
 
