@@ -1,0 +1,214 @@
+// DOWN projection of the sm_90a split pipeline, with the top-k reduction and the scatter to token
+// order done by the memory system.
+//   act[rows_capacity, ffn] bf16, w2[E, hidden, ffn] bf16, pair_row/pair_weight[rows_capacity]
+//   -> out[pair_row[r], n] += bf16(pair_weight[r] * (act[r] . w2[e, n]))   (red.global.add bf16x2)
+//
+// Work item w = tile * ceil(hidden/256) + nb: rows [128*tile, +128) (one expert's segment tile) and
+// output columns [256nb, 256nb + 256); K = ffn in steps of 64. Persistent grid, items taken as in
+// the UP kernel. A = act through a 2-D TMA map, B = W2 through a rank-3 map {ffn, hidden, E} (rows
+// past `hidden` read as zero, so a last tile of 128 columns when hidden % 256 == 128 computes zeros
+// that the epilogue skips). Same 384-thread producer / 2-consumer structure and 4-stage ring as the
+// UP kernel. Epilogue: a quad transpose gives each thread 8 consecutive columns of one row, reduced
+// into out with one 16-byte red.global.add.noftz.v4.bf16x2 (no smem staging).
+//
+// PDL: the prologue (barrier init, descriptor prefetch, the W2 loads of the first kStages stages of
+// the CTA's first item, the consumers' pair_row/pair_weight loads) runs before griddepcontrol.wait,
+// so it overlaps the UP grid's tail; the act loads are issued only after it. pair_row, pair_weight
+// and padded_offsets must therefore have been written before the UP kernel started (they are the
+// layout's outputs).
+#include "kernels/cuda_check.cuh"
+#include "kernels/sm90_common.cuh"
+#include "kernels/sm90_experts.cuh"
+#include "kernels/sm90_tensor_maps.cuh"
+
+namespace epmoe::kernels {
+namespace sm90 {
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
+                     const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
+                     const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
+                     int hidden, int ffn) {
+#if EPMOE_SM90A_DEVICE
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  extern __shared__ uint8_t dyn_smem[];
+
+  // Work items w = tile * nn + nb (output columns [256nb, +256)), taken by CTA b as b, b + gridDim.x,
+  // ...; rows grow with w, so the first item at or past the total ends the CTA's list.
+  const int nn = (hidden + kBN - 1) / kBN;
+  const int64_t total = padded_offsets[experts];
+  if (int64_t(blockIdx.x) / nn * kBM >= total) return;  // no work: the whole CTA leaves
+
+  uint8_t* ring = align_1024(dyn_smem);
+  const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16 (act)
+  const uint32_t sB = sA + kStages * kATileBytes;      // kStages x [256 rows][64] bf16 (W2)
+  const uint32_t full0 = smem_u32(&bars[0]);
+  const uint32_t empty0 = smem_u32(&bars[kStages]);
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, kConsumerWarps);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x / 128);
+  const int num_k = ffn / kBK;
+  // Ring accounting as in the UP kernel: use `it` (over all items) takes stage it % kStages, round
+  // it / kStages.
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) {
+      if (threadIdx.x == 0) {
+        tma_prefetch_desc(&tm_act);
+        tma_prefetch_desc(&tm_w2);
+      }
+      uint32_t it = 0;
+      bool first = true;
+      for (int64_t w = blockIdx.x;; w += gridDim.x) {
+        const int64_t m0 = w / nn * kBM;
+        if (m0 >= total) break;
+        const int n0 = int(w % nn) * kBN;
+        const int e = expert_of_tile(padded_offsets, experts, m0);  // whole warp
+        if (threadIdx.x == 0) {
+          int kt = 0;
+          if (first) {
+            // Weights do not depend on the UP kernel: fill the first stages' B halves before the PDL
+            // wait. Each stage's barrier expects both halves' bytes, so it cannot complete before
+            // the act half lands too.
+            const int npre = num_k < kStages ? num_k : kStages;  // uses 0..npre-1: no empty waits
+            for (int p = 0; p < npre; ++p) {
+              mbar_arrive_expect_tx(full0 + 8 * p, kStageBytes);
+              tma_load_3d(sB + p * kBTileBytes, &tm_w2, full0 + 8 * p, p * kBK, n0, e);
+            }
+            grid_dependency_wait();  // act is complete and visible from here on
+            for (int p = 0; p < npre; ++p) tma_load_2d(sA + p * kATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(m0));
+            kt = npre;
+            it = uint32_t(npre);
+            first = false;
+          }
+          for (; kt < num_k; ++kt, ++it) {
+            const uint32_t s = it % kStages;
+            if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+            const uint32_t full = full0 + 8 * s;
+            mbar_arrive_expect_tx(full, kStageBytes);
+            tma_load_2d(sA + s * kATileBytes, &tm_act, full, kt * kBK, int(m0));
+            tma_load_3d(sB + s * kBTileBytes, &tm_w2, full, kt * kBK, n0, e);
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<232>();
+    const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
+    const int warp = int(threadIdx.x / 32) & 3;
+    const int lane = int(threadIdx.x & 31);
+    const int q = lane & 3;
+    const uint32_t a_off = uint32_t(c) * 64 * 128;
+
+    uint32_t it = 0;
+    for (int64_t w = blockIdx.x;; w += gridDim.x) {
+      const int64_t m0 = w / nn * kBM;
+      if (m0 >= total) break;
+      const int n0 = int(w % nn) * kBN;
+
+      // This thread's two output rows: tile rows 64c + 16warp + lane/4 (+8). Loaded now, their
+      // latency hides under the main loop (the layout was complete before the UP kernel started).
+      const int64_t row0 = m0 + c * 64 + warp * 16 + (lane >> 2);
+      int32_t prow[2];
+      float pw[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        prow[h] = pair_row[row0 + 8 * h];
+        pw[h] = pair_weight[row0 + 8 * h];
+      }
+
+      float acc[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+
+      for (int kt = 0; kt < num_k; ++kt, ++it) {
+        const uint32_t s = it % kStages;
+        mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
+        const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
+        const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
+        wgmma_commit();
+        if (kt > 0) {
+          wgmma_wait<1>();
+          if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+        }
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));  // this item's last stage
+
+      // ---------------- epilogue: weighted bf16 reduction into out, 16 bytes per red ----------------
+      grid_dependency_wait();  // (already satisfied: the producer waited before any act load)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int32_t r = prow[h];
+        const float wt = pw[h];
+        __nv_bfloat16* dst = out + int64_t(r < 0 ? 0 : r) * int64_t(hidden) + n0 + 8 * q;
+#pragma unroll
+        for (int gi = 0; gi < 8; ++gi) {  // 32-column blocks; hidden % 32 == 0: a block is all in or out
+          if (n0 + 32 * gi < hidden) {    // uniform over the CTA
+            uint32_t wd[4];
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              const int g = 4 * gi + t;
+              wd[t] = pack_bf16x2(wt * acc[4 * g + 2 * h], wt * acc[4 * g + 2 * h + 1]);
+            }
+            quad_transpose(wd, q);  // lane q: all 8 columns of group 4gi + q
+            if (r >= 0) red_add_bf16x8(dst + 32 * gi, wd);
+          }
+        }
+      }
+    }
+    grid_launch_dependents();
+  }
+#else
+  (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn;
+#endif
+}
+
+}  // namespace sm90
+
+void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
+  using namespace sm90;
+  check_expert_problem(p, "sm90_down_launch");
+  const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);
+  const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
+  const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
+  const unsigned grid = sm90_grid(tiles * ((p.hidden + kBN - 1) / kBN), "sm90_down_launch");
+  EPMOE_CUDA_CHECK(
+      cudaFuncSetAttribute(sm90_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
+
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kDynSmemBytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sm90_down_kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row,
+                                      p.pair_weight, p.out, p.experts, p.hidden, p.ffn));
+}
+
+void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {
+  sm90_up_launch(p, s);
+  sm90_down_launch(p, s, /*pdl=*/true);
+}
+
+}  // namespace epmoe::kernels

@@ -1,0 +1,37 @@
+// The sm_90a split expert pipeline (seed 000's split path carried to Hopper):
+//   gather_rows (kernels/gather_rows.cuh): x -> xs, expert-sorted and tile-padded
+//   UP   (sm90_up_kernel.cu):   act[r, :] = bf16(silu(xs[r] @ W1g_e^T) * (xs[r] @ W1u_e^T))
+//   DOWN (sm90_down_kernel.cu): out[pair_row[r], :] += pair_weight[r] * (act[r] @ W2_e^T)   (bf16 red)
+// for every row r of xs below padded_offsets[E], e the expert whose segment holds r.
+//
+// Requirements (checked, Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0,
+// 0 < rows_capacity < 2^31, every pointer 16-byte aligned, out zeroed (or holding what the sum
+// should add to) before DOWN runs. p.padded_offsets, pair_row and pair_weight must be complete
+// before UP starts (DOWN reads them before its PDL wait). No host synchronization: the grids are
+// sized from rows_capacity (persistent: min(#SMs, work items)) and each CTA finds its experts on
+// the device, so the launches can be captured in a CUDA graph. Tensor maps are encoded on the host
+// at each launch (no cache; a few microseconds of host time).
+//
+// Environment knobs (read at each launch; for A/B runs and as fallbacks):
+//   EPMOE_SM90_PERSISTENT=0  one CTA per work item instead of one per SM
+//   EPMOE_SM90_W1_PLAIN=1    UP loads W1 with two rank-3 boxes per stage instead of the folded
+//                            rank-4 box (also used automatically if the driver rejects the fold)
+#pragma once
+#include <cuda_runtime.h>
+
+#include "kernels/expert_problem.cuh"
+
+namespace epmoe::kernels {
+
+// True when `device` is compute capability 9.0 and this build carries sm_90a code for the kernels.
+bool sm90_experts_supported(int device);
+
+// xs, w1 -> act.
+void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
+// act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
+// `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.
+void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
+// UP then DOWN (PDL-chained).
+void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s);
+
+}  // namespace epmoe::kernels

@@ -1,0 +1,220 @@
+// UP projection + SwiGLU of the sm_90a split pipeline.
+//   xs[rows_capacity, hidden] bf16, w1[E, 2*ffn, hidden] bf16 -> act[rows_capacity, ffn] bf16
+//   act[r, c] = bf16(silu(g) * u), g = xs[r] . w1[e, c], u = xs[r] . w1[e, ffn + c] (fp32)
+//
+// Work item w = tile * (ffn/128) + j: xs rows [128*tile, +128), which lie in one expert's segment
+// (segments are multiples of 128), and activation columns [128j, 128j + 128). The grid is
+// persistent (one CTA per SM, CTA b takes items b, b + gridDim.x, ...; see sm90_grid) and the smem
+// ring runs on across items, so the producer fills the next item's stages during the epilogue.
+// Its B operand is 256 rows of W1 - gate rows [128j, +128) then up rows [ffn + 128j, +128) -
+// fetched with ONE folded rank-4 TMA box per K step (seed 000, Trick 1), so each gate column and
+// its up partner land in the same thread's accumulator registers and SwiGLU happens in registers.
+// Items are counted from rows_capacity; a CTA stops at its first item at or past padded_offsets[E].
+//
+// Warp specialization, 384 threads: warpgroup 0 is the producer (one thread issues TMA into a
+// 4-stage ring of {A 128x64, B 256x64} bf16, 128B-swizzled, with a full and an empty mbarrier per
+// stage); warpgroups 1 and 2 each own 64 rows and run wgmma m64n256k16 from smem descriptors, 128
+// fp32 accumulators per thread. The epilogue transposes within quads so each thread writes 16
+// contiguous bytes of act. PDL dependents (the DOWN kernel) are released as soon as the CTA starts.
+#include <cstdlib>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/sm90_common.cuh"
+#include "kernels/sm90_experts.cuh"
+#include "kernels/sm90_tensor_maps.cuh"
+
+namespace epmoe::kernels {
+namespace sm90 {
+
+#if EPMOE_SM90A_DEVICE
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_up_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
+                   const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
+                   int hidden, int ffn, int w1_folded) {
+#if EPMOE_SM90A_DEVICE
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  extern __shared__ uint8_t dyn_smem[];
+
+  // Work items w = tile * nj + j, taken by CTA b as b, b + gridDim.x, ...; rows grow with w, so the
+  // first item at or past the total ends the CTA's list.
+  const int nj = ffn / 128;
+  const int64_t total = padded_offsets[experts];
+  if (int64_t(blockIdx.x) / nj * kBM >= total) return;  // no work: the whole CTA leaves
+  // Let the DOWN grid (PDL) launch once every UP CTA has started: its CTAs can then take SMs that
+  // the UP tail leaves idle and run their prologue there. This orders nothing: DOWN reads act only
+  // after griddepcontrol.wait, which waits for this whole grid to complete and flush.
+  grid_launch_dependents();
+
+  uint8_t* ring = align_1024(dyn_smem);
+  const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16, swizzled
+  const uint32_t sB = sA + kStages * kATileBytes;      // kStages x [256 rows][64] bf16, swizzled
+  const uint32_t full0 = smem_u32(&bars[0]);           // full[s]  = full0 + 8 s
+  const uint32_t empty0 = smem_u32(&bars[kStages]);    // empty[s] = empty0 + 8 s
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);                 // the producer's arrive.expect_tx (+ TMA bytes)
+      mbar_init(empty0 + 8 * s, kConsumerWarps);   // lane 0 of each consumer warp
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  const int wg = int(threadIdx.x / 128);
+  const int num_k = hidden / kBK;
+  // The ring runs on across items: use number `it` (counted over all items of this CTA) takes stage
+  // it % kStages in round it / kStages; full[s] completes once per round (parity round & 1), and
+  // empty[s] completes once per round when the consumers release it.
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    setmaxnreg_dec<40>();
+    if (threadIdx.x < 32) {
+      if (threadIdx.x == 0) {
+        tma_prefetch_desc(&tm_xs);
+        tma_prefetch_desc(&tm_w1);
+        grid_dependency_wait();  // xs comes from the previous kernel (no-op unless PDL-launched)
+      }
+      uint32_t it = 0;
+      for (int64_t w = blockIdx.x;; w += gridDim.x) {
+        const int64_t m0 = w / nj * kBM;
+        if (m0 >= total) break;
+        const int j = int(w % nj);
+        const int e = expert_of_tile(padded_offsets, experts, m0);  // whole warp
+        if (threadIdx.x == 0) {
+          for (int kt = 0; kt < num_k; ++kt, ++it) {
+            const uint32_t s = it % kStages;
+            if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+            const uint32_t full = full0 + 8 * s;
+            mbar_arrive_expect_tx(full, kStageBytes);
+            tma_load_2d(sA + s * kATileBytes, &tm_xs, full, kt * kBK, int(m0));
+            if (w1_folded) {
+              tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * e, j);
+            } else {  // plain rank-3 map: gate half, then up half (same smem layout)
+              tma_load_3d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 128 * j, e);
+              tma_load_3d(sB + s * kBTileBytes + kBTileBytes / 2, &tm_w1, full, kt * kBK, ffn + 128 * j, e);
+            }
+          }
+        }
+      }
+    }
+  } else {
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<232>();
+    const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
+    const int warp = int(threadIdx.x / 32) & 3;
+    const int lane = int(threadIdx.x & 31);
+    const int q = lane & 3;
+    const uint32_t a_off = uint32_t(c) * 64 * 128;  // 64 rows x 128 B: a multiple of the 1024 B atom
+
+    uint32_t it = 0;
+    for (int64_t w = blockIdx.x;; w += gridDim.x) {
+      const int64_t m0 = w / nj * kBM;
+      if (m0 >= total) break;
+      const int j = int(w % nj);
+
+      float acc[128];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+
+      for (int kt = 0; kt < num_k; ++kt, ++it) {
+        const uint32_t s = it % kStages;
+        mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
+        const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
+        const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
+        wgmma_commit();
+        if (kt > 0) {
+          wgmma_wait<1>();  // the group of use it-1 is done: its stage may be refilled
+          if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+        }
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+      if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));  // this item's last stage
+
+      // ---------------- epilogue: SwiGLU, 16-byte stores of act ----------------
+      // (the producer is already filling the ring with the next item's first stages)
+      const int64_t row0 = m0 + c * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // rows row0 and row0 + 8
+        __nv_bfloat16* dst = act + (row0 + 8 * h) * int64_t(ffn) + int64_t(j) * 128 + 8 * q;
+#pragma unroll
+        for (int gi = 0; gi < 4; ++gi) {  // 8-column groups 4gi .. 4gi+3 of the 16 gate groups
+          uint32_t wd[4];
+#pragma unroll
+          for (int t = 0; t < 4; ++t) {
+            const int g = 4 * gi + t;  // gate group g, its up partner is group g + 16
+            const float g0 = acc[4 * g + 2 * h], g1 = acc[4 * g + 2 * h + 1];
+            const float u0 = acc[4 * (g + 16) + 2 * h], u1 = acc[4 * (g + 16) + 2 * h + 1];
+            wd[t] = pack_bf16x2(silu(g0) * u0, silu(g1) * u1);
+          }
+          quad_transpose(wd, q);  // lane q: all 8 columns of group 4gi + q
+          st_global_16(dst + 32 * gi, wd);
+        }
+      }
+    }
+  }
+#else
+  // Built for a target without sm_90a features: sm90_experts_supported() is false there.
+  (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded;
+#endif
+}
+
+}  // namespace sm90
+
+bool sm90_experts_supported(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (major != 9 || minor != 0) return false;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (prev != device && cudaSetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cudaFuncAttributes attr{};
+  const cudaError_t err = cudaFuncGetAttributes(&attr, sm90::sm90_up_kernel);
+  if (prev != device) (void)cudaSetDevice(prev);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  // The mbarriers are static shared memory that exists only in the sm_90a body of the kernel: the
+  // image the runtime picked for this device has the real kernel iff they are there.
+  return attr.sharedSizeBytes >= 2 * sm90::kStages * sizeof(uint64_t);
+}
+
+void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
+  using namespace sm90;
+  check_expert_problem(p, "sm90_up_launch");
+  const CUtensorMap tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kBM);
+  // The folded rank-4 map (one box per stage) unless the driver rejects it or
+  // EPMOE_SM90_W1_PLAIN=1 asks for the plain rank-3 map (two boxes per stage, same smem layout).
+  const char* plain_env = std::getenv("EPMOE_SM90_W1_PLAIN");
+  const bool force_plain = plain_env != nullptr && plain_env[0] == '1';
+  CUtensorMap tm_w1;
+  const bool folded = !force_plain && try_make_w1_folded_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1);
+  if (!folded) tm_w1 = make_w1_plain_map(p.w1, p.experts, p.hidden, p.ffn);
+  const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
+  const unsigned grid = sm90_grid(tiles * (p.ffn / 128), "sm90_up_launch");
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(sm90_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
+  sm90_up_kernel<<<grid, kThreads, kDynSmemBytes, s>>>(tm_xs, tm_w1, p.padded_offsets, p.act, p.experts,
+                                                                 p.hidden, p.ffn, folded ? 1 : 0);
+  EPMOE_CUDA_CHECK_LAUNCH("sm90_up_kernel");
+}
+
+}  // namespace epmoe::kernels

@@ -1,0 +1,147 @@
+#!/usr/bin/env python3
+"""Torch baseline for the expert pipeline: the seed's "no fused kernel" path (grouped_mm ->
+silu*up -> grouped_mm -> x routing weight), adapted from shared/baselines/baseline_moe.py with the
+same method (CUDA-graph replay, median) and the same shapes as src/programs/bench_experts.cu.
+
+  seed region : grouped_mm, silu*up, grouped_mm, x weight (routing, sort, gather, scatter outside)
+  full layer  : + the gather of x (index_select) and the weighted scatter-add back to token order
+
+FLOPs = 6 * T * k * hidden * ffn. Inputs rotate among enough copies of x that consecutive replays
+exceed the 60 MB L2 (like the C++ bench). Writes JSON (--json, default $OUT/baseline_moe.json)
+with the keys launch/compare_experts.py reads.
+
+  python3 launch/baseline_moe.py [--shapes quick|full] [--iters 50] [--json PATH] [--ceilings]
+"""
+import argparse
+import json
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+QUICK = [(32, 4, 2048, 1024, [4096, 16384]), (32, 8, 7168, 2048, [2048])]
+FULL = [(32, 4, 2048, 1024, [1024, 4096, 16384, 65536, 131072]),
+        (128, 8, 2048, 768, [4096, 16384]),
+        (32, 8, 7168, 2048, [2048, 8192])]
+
+
+def bench_graph(fns, iters, warm=3):
+    """Median ms of one replay; replays rotate over the graphs of `fns` (one per input set)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warm):
+            for fn in fns:
+                fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graphs = []
+    for fn in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs.append(g)
+    for g in graphs:
+        g.replay()
+    torch.cuda.synchronize()
+    ts = []
+    for i in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        graphs[i % len(graphs)].replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", choices=["quick", "full"], default="quick")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "baseline_moe.json"))
+    ap.add_argument("--ceilings", action="store_true", help="also measure dense bf16 GEMM and copy bandwidth")
+    args = ap.parse_args()
+
+    torch.manual_seed(0)
+    dev = "cuda"
+    res = {"impl": "torch_grouped_mm", "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    if args.ceilings:
+        M = 8192
+        A = torch.randn(M, M, device=dev, dtype=torch.bfloat16)
+        B = torch.randn(M, M, device=dev, dtype=torch.bfloat16)
+        t = bench_graph([lambda: A @ B], iters=20)
+        res["dense_bf16_tflops"] = 2 * M ** 3 / t / 1e9
+        X = torch.empty(2 * 1024 ** 3 // 2, device=dev, dtype=torch.bfloat16).normal_()
+        Y = torch.empty_like(X)
+        t = bench_graph([lambda: Y.copy_(X)], iters=20)
+        res["copy_TBps"] = 2 * X.numel() * 2 / t / 1e9
+        del X, Y, A, B
+
+    gmm = getattr(F, "grouped_mm", None) or torch._grouped_mm
+    rows = []
+    for (E, k, D, H, Ts) in (FULL if args.shapes == "full" else QUICK):
+        w1 = torch.randn(E, 2 * H, D, device=dev, dtype=torch.bfloat16) * 0.02  # [E, N, K] output-major
+        w2 = torch.randn(E, D, H, device=dev, dtype=torch.bfloat16) * 0.02
+        w1t, w2t = w1.transpose(1, 2), w2.transpose(1, 2)
+        for T in Ts:
+            set_bytes = T * D * 2 * (1 + k)  # x and the gathered xg
+            sets = max(1, min(8, (180 << 20) // set_bytes + 1))
+            xs = [torch.randn(T, D, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+            logits = torch.randn(T, E, device=dev)
+            wts, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+            wts = (wts / wts.sum(-1, keepdim=True)).to(torch.bfloat16)
+            flat = ids.flatten()
+            order = torch.argsort(flat, stable=True)
+            tok = order // k
+            counts = torch.bincount(flat, minlength=E)
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            wg = wts.flatten()[order].contiguous()
+            xgs = [x[tok].contiguous() for x in xs]
+            out_tok = torch.empty(T, D, device=dev, dtype=torch.bfloat16)
+
+            def seed_region(xg):
+                def f():
+                    gu = gmm(xg, w1t, offs=offs)
+                    g, u = gu.chunk(2, dim=-1)
+                    a = F.silu(g) * u
+                    eo = gmm(a, w2t, offs=offs)
+                    return wg.unsqueeze(1) * eo
+                return f
+
+            def full_layer(x):
+                def f():
+                    xg2 = x.index_select(0, tok)
+                    gu = gmm(xg2, w1t, offs=offs)
+                    g, u = gu.chunk(2, dim=-1)
+                    a = F.silu(g) * u
+                    eo = gmm(a, w2t, offs=offs) * wg.unsqueeze(1)
+                    out_tok.zero_()
+                    out_tok.index_add_(0, tok, eo)
+                return f
+
+            try:
+                t1 = bench_graph([seed_region(xg) for xg in xgs], args.iters)
+                t2 = bench_graph([full_layer(x) for x in xs], args.iters)
+            except Exception as ex:  # noqa: BLE001 - report and go on
+                print("grouped_mm failed", E, k, D, H, T, ex)
+                t1 = t2 = float("nan")
+            flops = 6 * T * k * D * H
+            r = dict(E=E, k=k, hidden=D, ffn=H, T=T, sets=sets, seed_ms=t1, full_ms=t2,
+                     seed_tflops=flops / t1 / 1e9, full_tflops=flops / t2 / 1e9)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+            del xs, xgs
+            torch.cuda.empty_cache()
+        del w1, w2, w1t, w2t
+        torch.cuda.empty_cache()
+    res["moe"] = rows
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=1)
+    print("wrote", args.json)
+
+
+if __name__ == "__main__":
+    main()

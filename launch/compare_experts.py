@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Side by side: epmoe's sm_90a split pipeline (epmoe_bench_experts --json) against the torch
+grouped_mm baseline (launch/baseline_moe.py --json), for the seed region and the full layer.
+
+  python3 launch/compare_experts.py OURS.json TORCH.json
+
+Ratios are torch_ms / ours_ms (speedup, > 1 means ours is faster). Shapes present in only one file
+are listed with '-' on the other side.
+"""
+import json
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        d = json.load(f)
+    rows = {}
+    for r in d.get("moe", []):
+        hidden = r.get("hidden", r.get("D"))
+        ffn = r.get("ffn", r.get("H"))
+        seed = r.get("seed_ms", r.get("seed_baseline_ms"))
+        full = r.get("full_ms", r.get("full_layer_ms"))
+        rows[(r["E"], r["k"], hidden, ffn, r["T"])] = dict(seed=seed, full=full, raw=r)
+    return d, rows
+
+
+def fmt(v, spec):
+    if isinstance(v, (int, float)) and v == v:
+        return format(v, spec)
+    return "-".rjust(int(spec.split(".")[0]))
+
+
+def main():
+    if len(sys.argv) != 3:
+        print(__doc__)
+        return 2
+    od, ours = load(sys.argv[1])
+    td, torch_ = load(sys.argv[2])
+    print(f"# ours : {od.get('impl', '?')} on {od.get('device', '?')}")
+    print(f"# torch: {td.get('impl', '?')} on {td.get('device', '?')} (torch {td.get('torch', '?')})")
+    hdr = (f"{'E':>4} {'k':>2} {'hidden':>6} {'ffn':>5} {'T':>7} | "
+           f"{'seed ours':>9} {'torch':>8} {'TF ours':>7} {'TF torch':>8} {'x':>5} | "
+           f"{'full ours':>9} {'torch':>8} {'TF ours':>7} {'TF torch':>8} {'x':>5}")
+    print(hdr)
+    print("-" * len(hdr))
+    keys = sorted(set(ours) | set(torch_))
+    geo = {"seed": [], "full": []}
+    for key in keys:
+        E, k, D, H, T = key
+        flops = 6.0 * T * k * D * H
+        o, t = ours.get(key), torch_.get(key)
+        cols = []
+        for region in ("seed", "full"):
+            om = o[region] if o else None
+            tm = t[region] if t else None
+            otf = flops / om / 1e9 if om else None
+            ttf = flops / tm / 1e9 if tm else None
+            ratio = tm / om if (om and tm and om == om and tm == tm) else None
+            if ratio:
+                geo[region].append(ratio)
+            cols.append(f"{fmt(om, '9.4f')} {fmt(tm, '8.4f')} {fmt(otf, '7.1f')} {fmt(ttf, '8.1f')} {fmt(ratio, '5.2f')}")
+        print(f"{E:>4} {k:>2} {D:>6} {H:>5} {T:>7} | {cols[0]} | {cols[1]}")
+    for region, v in geo.items():
+        if v:
+            g = 1.0
+            for x in v:
+                g *= x
+            print(f"# {region} region: geomean speedup (torch_ms / ours_ms) {g ** (1.0 / len(v)):.3f} over {len(v)} shapes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

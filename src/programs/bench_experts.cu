@@ -1,0 +1,471 @@
+// Single-GPU benchmark of the sm_90a split expert pipeline (gather -> UP -> DOWN), in the method of
+// shared/baselines/baseline_moe.py so the numbers line up with launch/baseline_moe.py:
+//   seed region = UP + DOWN (the seed's timed region: routing, sort, gather, scatter outside)
+//   full layer  = out zeroed on a side stream (event-ordered) + gather + UP + DOWN (PDL)
+// both captured in CUDA graphs, median of --iters replays, rotating among enough input sets that
+// the inputs of consecutive replays exceed the 60 MB L2. Each kernel is also timed alone (events,
+// median). FLOPs = 6 * T * k * hidden * ffn. Routing: softmax over N(0,1) logits, top-k,
+// renormalized. Correctness is checked once per shape on a few sampled tokens against
+// epmoe::reference_moe (fp64 host oracle).
+//
+//   epmoe_bench_experts [--shapes quick|full] [--iters N] [--json PATH] [--no-check]
+//                       [--zero-before-down]
+// --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
+// overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "epmoe/bf16.h"
+#include "epmoe/reference.h"
+#include "kernels/expert_problem.cuh"
+#include "kernels/gather_rows.cuh"
+#include "kernels/sm90_experts.cuh"
+
+namespace {
+
+using epmoe::bf16;
+using epmoe::kernels::ExpertProblem;
+using epmoe::kernels::kExpertTile;
+
+#define BCHECK(call)                                                                                    \
+  do {                                                                                                  \
+    cudaError_t e_ = (call);                                                                            \
+    if (e_ != cudaSuccess)                                                                              \
+      throw std::runtime_error(std::string(#call) + " failed: " + cudaGetErrorString(e_) + " (line " +  \
+                               std::to_string(__LINE__) + ")");                                         \
+  } while (0)
+
+__host__ __device__ inline uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+__host__ __device__ inline uint16_t hash_bf16(uint64_t seed, uint64_t idx, float scale) {
+  const uint64_t h = mix64(seed * 0x632be59bd9b4e019ull ^ mix64(idx));
+  const float u = float(uint32_t(h >> 40)) * (1.0f / 16777216.0f);
+  const float v = (u * 2.0f - 1.0f) * scale;
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  b += 0x7fffu + ((b >> 16) & 1u);
+  return uint16_t(b >> 16);
+}
+__global__ void fill_hash_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = hash_bf16(seed, uint64_t(i), scale);
+}
+void fill_hash(uint16_t* p, int64_t n, uint64_t seed, float scale) {
+  fill_hash_kernel<<<2048, 256>>>(p, n, seed, scale);
+  BCHECK(cudaGetLastError());
+}
+
+struct Dev {
+  void* p = nullptr;
+  size_t bytes = 0;
+  Dev() = default;
+  explicit Dev(size_t b) : bytes(b) {
+    if (b) BCHECK(cudaMalloc(&p, b));
+  }
+  ~Dev() {
+    if (p) cudaFree(p);
+  }
+  Dev(Dev&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
+};
+
+struct Shape {
+  int E, k, hidden, ffn;
+  int64_t T;
+};
+
+struct Result {
+  Shape s;
+  int sets = 1;
+  double seed_ms = 0, full_ms = 0, gather_ms = 0, up_ms = 0, down_ms = 0;
+  double max_rel_err = -1, rel_l2 = -1;
+  int checked_tokens = 0;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+// softmax(N(0,1) logits) -> top-k -> renormalize, like baseline_moe.py.
+Routing softmax_topk_routing(int64_t T, int E, int k, uint64_t seed) {
+  Routing r;
+  r.ids.resize(size_t(T) * k);
+  r.weights.resize(size_t(T) * k);
+  std::vector<float> p(E);
+  std::vector<int> idx(E);
+  for (int64_t t = 0; t < T; ++t) {
+    float mx = -1e30f;
+    for (int e = 0; e < E; ++e) {
+      const uint64_t h1 = mix64(seed ^ (uint64_t(t) * E + e) * 2 + 1), h2 = mix64(h1);
+      const double u1 = (double(h1 >> 11) + 0.5) / 9007199254740992.0, u2 = double(h2 >> 11) / 9007199254740992.0;
+      p[e] = float(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
+      mx = std::max(mx, p[e]);
+    }
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(p[e] - mx));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) { return p[a] > p[b]; });
+    double ks = 0;
+    for (int j = 0; j < k; ++j) ks += p[idx[j]] / sum;
+    for (int j = 0; j < k; ++j) {
+      r.ids[size_t(t) * k + j] = idx[j];
+      r.weights[size_t(t) * k + j] = float(p[idx[j]] / sum / ks);
+    }
+  }
+  return r;
+}
+
+struct Layout {
+  std::vector<int64_t> offsets;
+  std::vector<int32_t> pair_row;
+  std::vector<float> pair_weight;
+};
+Layout build_layout(const Routing& r, int64_t T, int k, int E) {
+  Layout L;
+  std::vector<int64_t> count(E, 0);
+  for (int32_t e : r.ids)
+    if (e >= 0) ++count[e];
+  L.offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) L.offsets[e + 1] = L.offsets[e] + (count[e] + kExpertTile - 1) / kExpertTile * kExpertTile;
+  L.pair_row.assign(size_t(L.offsets[E]), -1);
+  L.pair_weight.assign(size_t(L.offsets[E]), 0.0f);
+  std::vector<int64_t> cur(L.offsets.begin(), L.offsets.end() - 1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int e = r.ids[size_t(t) * k + j];
+      if (e < 0) continue;
+      const int64_t i = cur[e]++;
+      L.pair_row[size_t(i)] = int32_t(t);
+      L.pair_weight[size_t(i)] = r.weights[size_t(t) * k + j];
+    }
+  return L;
+}
+
+struct Options {
+  bool full = false;
+  int iters = 50;
+  std::string json;
+  bool check = true;
+  bool zero_before_down = false;
+};
+
+Result run_shape(const Shape& sh, const Options& opt) {
+  const int E = sh.E, k = sh.k, H = sh.hidden, F = sh.ffn;
+  const int64_t T = sh.T;
+  Result res;
+  res.s = sh;
+
+  // ---- setup (outside timing): weights, routing, layout ----
+  Dev w1(size_t(E) * 2 * F * H * 2), w2(size_t(E) * H * F * 2);
+  fill_hash(w1.as<uint16_t>(), int64_t(E) * 2 * F * H, 21, std::sqrt(3.0f / H));
+  fill_hash(w2.as<uint16_t>(), int64_t(E) * H * F, 31, 2.0f * std::sqrt(3.0f / F));
+  const Routing rt = softmax_topk_routing(T, E, k, 41 + uint64_t(T));
+  const Layout L = build_layout(rt, T, k, E);
+  // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
+  const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
+  Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
+  BCHECK(cudaMemcpy(offs.p, L.offsets.data(), L.offsets.size() * 8, cudaMemcpyHostToDevice));
+  BCHECK(cudaMemset(prow.p, 0xff, prow.bytes));
+  BCHECK(cudaMemset(pw.p, 0, pw.bytes));
+  BCHECK(cudaMemcpy(prow.p, L.pair_row.data(), L.pair_row.size() * 4, cudaMemcpyHostToDevice));
+  BCHECK(cudaMemcpy(pw.p, L.pair_weight.data(), L.pair_weight.size() * 4, cudaMemcpyHostToDevice));
+
+  // Input sets: x (and the seed region's xs) rotate so consecutive replays miss in L2.
+  const size_t x_bytes = size_t(T) * H * 2, xs_bytes = size_t(cap) * H * 2;
+  const size_t per_set = x_bytes + xs_bytes;
+  const int sets = int(std::clamp<size_t>((size_t(180) << 20) / std::max<size_t>(per_set, 1) + 1, 1, 8));
+  res.sets = sets;
+  std::vector<Dev> xbuf, xsbuf;
+  for (int i = 0; i < sets; ++i) {
+    xbuf.emplace_back(x_bytes);
+    xsbuf.emplace_back(xs_bytes);
+    fill_hash(xbuf.back().as<uint16_t>(), T * H, 1000 + i, 1.0f);
+  }
+  Dev act(size_t(cap) * F * 2), out(size_t(T) * H * 2);
+  const int64_t* total = offs.as<int64_t>() + E;
+
+  auto problem = [&](int set) {
+    ExpertProblem p;
+    p.xs = xsbuf[set].as<__nv_bfloat16>();
+    p.padded_offsets = offs.as<int64_t>();
+    p.pair_row = prow.as<int32_t>();
+    p.pair_weight = pw.as<float>();
+    p.w1 = w1.as<__nv_bfloat16>();
+    p.w2 = w2.as<__nv_bfloat16>();
+    p.act = act.as<__nv_bfloat16>();
+    p.out = out.as<__nv_bfloat16>();
+    p.rows_capacity = cap;
+    p.out_rows = T;
+    p.experts = E;
+    p.hidden = H;
+    p.ffn = F;
+    return p;
+  };
+
+  cudaStream_t s, side;
+  BCHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  BCHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, zeroed, t0, t1;
+  BCHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  BCHECK(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
+  BCHECK(cudaEventCreate(&t0));
+  BCHECK(cudaEventCreate(&t1));
+
+  auto enqueue_full = [&](int set) {
+    const ExpertProblem p = problem(set);
+    BCHECK(cudaEventRecord(fork, s));
+    BCHECK(cudaStreamWaitEvent(side, fork, 0));
+    BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, side));
+    BCHECK(cudaEventRecord(zeroed, side));
+    epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
+                                       xsbuf[set].as<__nv_bfloat16>(), s);
+    if (opt.zero_before_down) {
+      epmoe::kernels::sm90_up_launch(p, s);
+      BCHECK(cudaStreamWaitEvent(s, zeroed, 0));
+      epmoe::kernels::sm90_down_launch(p, s, true);
+    } else {
+      BCHECK(cudaStreamWaitEvent(s, zeroed, 0));
+      epmoe::kernels::sm90_experts_launch(p, s);
+    }
+  };
+  auto capture = [&](auto&& body) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    BCHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    body();
+    BCHECK(cudaStreamEndCapture(s, &g));
+    BCHECK(cudaGraphInstantiate(&ge, g, 0));
+    BCHECK(cudaGraphDestroy(g));
+    return ge;
+  };
+  auto time_graphs = [&](std::vector<cudaGraphExec_t>& gs) {
+    for (int w = 0; w < 3; ++w)
+      for (auto g : gs) BCHECK(cudaGraphLaunch(g, s));
+    BCHECK(cudaStreamSynchronize(s));
+    std::vector<float> ts;
+    for (int i = 0; i < opt.iters; ++i) {
+      BCHECK(cudaEventRecord(t0, s));
+      BCHECK(cudaGraphLaunch(gs[size_t(i) % gs.size()], s));
+      BCHECK(cudaEventRecord(t1, s));
+      BCHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      BCHECK(cudaEventElapsedTime(&ms, t0, t1));
+      ts.push_back(ms);
+    }
+    return median(ts);
+  };
+  auto time_launch = [&](auto&& launch) {
+    for (int w = 0; w < 3; ++w) launch(w % sets);
+    BCHECK(cudaStreamSynchronize(s));
+    std::vector<float> ts;
+    for (int i = 0; i < opt.iters; ++i) {
+      BCHECK(cudaEventRecord(t0, s));
+      launch(i % sets);
+      BCHECK(cudaEventRecord(t1, s));
+      BCHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      BCHECK(cudaEventElapsedTime(&ms, t0, t1));
+      ts.push_back(ms);
+    }
+    return median(ts);
+  };
+
+  // Fill every xs set once (the seed region reads xs as its input).
+  for (int i = 0; i < sets; ++i)
+    epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
+                                       xsbuf[i].as<__nv_bfloat16>(), s);
+  BCHECK(cudaStreamSynchronize(s));
+
+  std::vector<cudaGraphExec_t> full_g, seed_g;
+  for (int i = 0; i < sets; ++i) {
+    full_g.push_back(capture([&] { enqueue_full(i); }));
+    seed_g.push_back(capture([&] { epmoe::kernels::sm90_experts_launch(problem(i), s); }));
+  }
+  res.full_ms = time_graphs(full_g);
+  res.seed_ms = time_graphs(seed_g);
+  res.gather_ms = time_launch([&](int i) {
+    epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
+                                       xsbuf[i].as<__nv_bfloat16>(), s);
+  });
+  res.up_ms = time_launch([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
+  res.down_ms = time_launch([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
+  for (auto g : full_g) cudaGraphExecDestroy(g);
+  for (auto g : seed_g) cudaGraphExecDestroy(g);
+
+  // ---- correctness: one full layer on set 0, sampled tokens vs the reference ----
+  if (opt.check) {
+    BCHECK(cudaStreamSynchronize(s));
+    enqueue_full(0);
+    BCHECK(cudaStreamSynchronize(s));
+    const double macs_per_token = 3.0 * k * double(H) * F;
+    const int n = int(std::clamp(2e9 / macs_per_token, 4.0, 16.0));
+    std::vector<int64_t> toks;
+    for (int i = 0; i < n; ++i) toks.push_back(i == 0 ? 0 : i == 1 ? T - 1 : int64_t(mix64(7 + i) % uint64_t(T)));
+    std::vector<bf16> hw1(size_t(E) * 2 * F * H), hw2(size_t(E) * H * F);
+    BCHECK(cudaMemcpy(hw1.data(), w1.p, w1.bytes, cudaMemcpyDeviceToHost));
+    BCHECK(cudaMemcpy(hw2.data(), w2.p, w2.bytes, cudaMemcpyDeviceToHost));
+    std::vector<bf16> xh(size_t(n) * H);
+    std::vector<int32_t> ids(size_t(n) * k);
+    std::vector<float> wts(size_t(n) * k), ref(size_t(n) * H);
+    std::vector<uint16_t> y(size_t(n) * H);
+    for (int i = 0; i < n; ++i) {
+      for (int c = 0; c < H; ++c) xh[size_t(i) * H + c].bits = hash_bf16(1000, uint64_t(toks[i]) * H + c, 1.0f);
+      for (int j = 0; j < k; ++j) {
+        ids[size_t(i) * k + j] = rt.ids[size_t(toks[i]) * k + j];
+        wts[size_t(i) * k + j] = rt.weights[size_t(toks[i]) * k + j];
+      }
+      BCHECK(cudaMemcpy(&y[size_t(i) * H], out.as<uint16_t>() + size_t(toks[i]) * H, size_t(H) * 2,
+                        cudaMemcpyDeviceToHost));
+    }
+    epmoe::reference_moe(xh.data(), ids.data(), wts.data(), n, k, hw1.data(), hw2.data(), E, H, F, ref.data());
+    double e2 = 0, r2 = 0, worst = 0;
+    bool finite = true;
+    for (int i = 0; i < n; ++i) {
+      double rowmax = 0;
+      for (int c = 0; c < H; ++c) rowmax = std::max(rowmax, double(std::fabs(ref[size_t(i) * H + c])));
+      for (int c = 0; c < H; ++c) {
+        const double got = bf16::to_float(y[size_t(i) * H + c]), want = ref[size_t(i) * H + c];
+        if (!std::isfinite(got)) finite = false;
+        const double d = std::fabs(got - want);
+        e2 += d * d;
+        r2 += want * want;
+        if (rowmax > 0) worst = std::max(worst, d / rowmax);
+      }
+    }
+    res.max_rel_err = finite ? worst : INFINITY;
+    res.rel_l2 = finite ? std::sqrt(e2 / std::max(r2, 1e-30)) : INFINITY;
+    res.checked_tokens = n;
+  }
+
+  cudaEventDestroy(fork);
+  cudaEventDestroy(zeroed);
+  cudaEventDestroy(t0);
+  cudaEventDestroy(t1);
+  cudaStreamDestroy(side);
+  cudaStreamDestroy(s);
+  return res;
+}
+
+double tflops(const Shape& s, double ms) { return ms > 0 ? 6.0 * double(s.T) * s.k * s.hidden * s.ffn / ms / 1e9 : 0.0; }
+
+void write_json(const std::string& path, const std::vector<Result>& rs, const char* device, bool zbd) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw std::runtime_error("cannot write " + path);
+  std::fprintf(f, "{\n \"impl\": \"epmoe_sm90_split\",\n \"device\": \"%s\",\n \"zero_before_down\": %s,\n \"moe\": [\n",
+               device, zbd ? "true" : "false");
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const Result& r = rs[i];
+    std::fprintf(f,
+                 "  {\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %lld, \"sets\": %d, "
+                 "\"seed_ms\": %.6f, \"seed_tflops\": %.3f, \"full_ms\": %.6f, \"full_tflops\": %.3f, "
+                 "\"gather_ms\": %.6f, \"up_ms\": %.6f, \"down_ms\": %.6f, \"checked_tokens\": %d, "
+                 "\"max_rel_err\": %.6g, \"rel_l2\": %.6g}%s\n",
+                 r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
+                 tflops(r.s, r.full_ms), r.gather_ms, r.up_ms, r.down_ms, r.checked_tokens,
+                 std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
+                 i + 1 < rs.size() ? "," : "");
+  }
+  std::fprintf(f, " ]\n}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--shapes") {
+      const std::string v = next();
+      if (v != "quick" && v != "full") throw std::runtime_error("--shapes quick|full");
+      opt.full = v == "full";
+    } else if (a == "--iters") {
+      opt.iters = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--json") {
+      opt.json = next();
+    } else if (a == "--no-check") {
+      opt.check = false;
+    } else if (a == "--zero-before-down") {
+      opt.zero_before_down = true;
+    } else if (a == "-h" || a == "--help") {
+      std::printf("usage: %s [--shapes quick|full] [--iters N] [--json PATH] [--no-check] [--zero-before-down]\n", argv[0]);
+      return 0;
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    int dev = 0;
+    BCHECK(cudaGetDevice(&dev));
+    cudaDeviceProp prop{};
+    BCHECK(cudaGetDeviceProperties(&prop, dev));
+    if (!epmoe::kernels::sm90_experts_supported(dev)) {
+      std::fprintf(stderr, "device %s (cc %d.%d): the sm_90a pipeline is not supported here\n", prop.name, prop.major,
+                   prop.minor);
+      return 1;
+    }
+    std::vector<Shape> shapes;
+    if (opt.full) {
+      for (int64_t T : {1024, 4096, 16384, 65536, 131072}) shapes.push_back({32, 4, 2048, 1024, T});
+      for (int64_t T : {4096, 16384}) shapes.push_back({128, 8, 2048, 768, T});
+      for (int64_t T : {2048, 8192}) shapes.push_back({32, 8, 7168, 2048, T});
+    } else {
+      for (int64_t T : {4096, 16384}) shapes.push_back({32, 4, 2048, 1024, T});
+      shapes.push_back({32, 8, 7168, 2048, 2048});
+    }
+    std::printf("# epmoe sm_90a split pipeline on %s (%d SMs), %d iters, median; zeroing joined before %s\n", prop.name,
+                prop.multiProcessorCount, opt.iters, opt.zero_before_down ? "DOWN" : "UP");
+    std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %9s %9s | %10s %9s\n", "E", "k", "hidden", "ffn", "T",
+                "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "gather ms", "up ms", "down ms", "max_rel", "rel_l2");
+    std::vector<Result> rs;
+    bool ok = true;
+    for (const Shape& sh : shapes) {
+      const Result r = run_shape(sh, opt);
+      rs.push_back(r);
+      std::printf("  %4d %2d %6d %5d %7lld | %9.4f %8.1f | %9.4f %8.1f | %9.4f %9.4f %9.4f | %10.3e %9.3e\n", sh.E, sh.k,
+                  sh.hidden, sh.ffn, (long long)sh.T, r.seed_ms, tflops(sh, r.seed_ms), r.full_ms, tflops(sh, r.full_ms),
+                  r.gather_ms, r.up_ms, r.down_ms, r.max_rel_err, r.rel_l2);
+      std::fflush(stdout);
+      // Same bound as the test suite: 2k * 2^-8 of the row maximum, 1e-2 relative L2.
+      if (opt.check && !(r.max_rel_err <= 2.0 * sh.k / 256.0 && r.rel_l2 < 1e-2)) ok = false;
+    }
+    if (!opt.json.empty()) write_json(opt.json, rs, prop.name, opt.zero_before_down);
+    if (!ok) {
+      std::printf("# CHECK FAILED: an error above exceeds 2k*2^-8 of the row max or 1e-2 relative L2\n");
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
