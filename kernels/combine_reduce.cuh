@@ -1,0 +1,17 @@
+// Source reduce: each token's returned rows summed in destination rank order.
+//   returned[rows, hidden] bf16, token_row[T, world] i32 -> y[T, hidden] bf16
+//   y[t] = bf16( sum over r ascending with token_row[t, r] >= 0 of float(returned[token_row[t, r]]) ),
+//   fp32 sums from 0.0f, rounded once (round to nearest even): bit-exact with protocol::combine_reduce.
+//   A token with no rows gets 0. hidden % 8 == 0, 16-byte aligned buffers, world <= 64.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace epmoe::kernels {
+
+void combine_reduce_launch(const __nv_bfloat16* returned, const int32_t* token_row, int64_t num_tokens, int world,
+                           int hidden, __nv_bfloat16* y, cudaStream_t stream);
+
+}  // namespace epmoe::kernels

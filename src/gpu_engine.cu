@@ -1,0 +1,575 @@
+// The GPU engine: the EP forward on the device, over a device communicator (NCCL).
+//
+//   layout (dispatch_layout + count_headers)  -> count exchange (alltoall_i64, the ONE host sync)
+//   -> pack + dispatch (alltoallv {rows, meta})  [side stream: zero the combine buffer]
+//   -> expert layout + gather + experts (sm90 or cuBLAS)  -> combine (alltoallv back)  -> reduce
+//
+// Streams and ordering: all work goes on the caller's stream `s`, except the zeroing of the combine
+// buffer, which runs on a side stream between a fork event (after the buffers are sized) and a join
+// event that `s` waits on before the experts reduce into that buffer, so it overlaps the dispatch.
+// Each forward starts by waiting for the previous forward's end event (ev_done_), so forwards on
+// different streams never overlap on the shared buffers.
+//
+// Buffers: grow-only, reused across calls. The token-sized ones are sized at the start of the
+// forward (growing them first waits for the previous forward on the host, rare); the count-sized
+// ones right after the count exchange's host wait, when this stream (and, through ev_done_, the
+// previous forward) has drained, so freeing the old memory is safe.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <utility>
+
+#include "engine.h"
+#include "gpu_engine.h"
+#include "kernels/combine_reduce.cuh"
+#include "kernels/cublas_experts.cuh"
+#include "kernels/cuda_check.cuh"
+#include "kernels/dispatch_layout.cuh"
+#include "kernels/expert_layout.cuh"
+#include "kernels/expert_problem.cuh"
+#include "kernels/gather_rows.cuh"
+#include "kernels/pack_rows.cuh"
+#include "kernels/sm90_experts.cuh"
+#if EPMOE_WITH_NCCL
+#include "comm/nccl_comm.h"
+#endif
+
+namespace epmoe {
+
+namespace {
+
+static_assert(sizeof(bf16) == sizeof(__nv_bfloat16));
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    EPMOE_CUDA_CHECK(cudaGetDevice(&prev_));
+    if (prev_ == device) prev_ = -1;
+    else EPMOE_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceGuard() {
+    if (prev_ >= 0) cudaSetDevice(prev_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+class NvtxRange {
+ public:
+  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
+  ~NvtxRange() { nvtxRangePop(); }
+  NvtxRange(const NvtxRange&) = delete;
+  NvtxRange& operator=(const NvtxRange&) = delete;
+};
+
+// Grow-only device allocation; never null once sized (256 bytes at least), so empty buffers can
+// still be passed where a pointer is required. The caller guarantees that no queued work still
+// uses the old memory when it grows.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { release(); }
+
+  bool fits(size_t bytes) const { return ptr_ != nullptr && std::max<size_t>(bytes, 256) <= bytes_; }
+  void ensure(size_t bytes) {
+    if (fits(bytes)) return;
+    // 25% headroom so slowly growing counts do not reallocate every call.
+    size_t grown = std::max<size_t>(std::max<size_t>(bytes, 256), bytes_ + bytes_ / 4);
+    grown = (grown + 4095) / 4096 * 4096;
+    release();
+    EPMOE_CUDA_CHECK(cudaMalloc(&ptr_, grown));
+    bytes_ = grown;
+  }
+  void release() noexcept {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+template <class T>
+T* pinned_alloc(size_t count) {
+  void* p = nullptr;
+  EPMOE_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+enum Phase { kStart, kLayoutEnd, kExchangeEnd, kDispatchStart, kDispatchEnd, kExpertsEnd, kCombineEnd, kReduceEnd, kPhases };
+
+class GpuEngine final : public MoeLayer::Engine {
+ public:
+  GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm, const LayerOptions& opt)
+      : comm_(std::move(comm)), opt_(opt) {
+    cfg = c;
+    EPMOE_CHECK(comm_ != nullptr, ErrorCode::invalid_argument, "the GPU engine needs a communicator");
+    EPMOE_CHECK(comm_->memory_space() == MemorySpace::device, ErrorCode::invalid_argument,
+                "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
+    cfg.validate();
+    validate_weights(cfg, w, DeviceType::cuda);
+    EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
+                w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
+    EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
+                ErrorCode::invalid_argument, "w1 and w2 must be 16-byte aligned");
+    device_ = w.w1.device_index;
+    w1_ = w.w1.ptr<__nv_bfloat16>();
+    w2_ = w.w2.ptr<__nv_bfloat16>();
+    DeviceGuard guard(device_);
+
+    switch (opt.expert_path) {
+      case ExpertPath::automatic:
+        path = kernels::sm90_experts_supported(device_) ? ExpertPath::sm90 : ExpertPath::cublas;
+        break;
+      case ExpertPath::sm90:
+        EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
+                    "expert_path sm90 needs a compute capability 9.0 GPU and a build with sm_90a code (device ",
+                    device_, ")");
+        path = ExpertPath::sm90;
+        break;
+      case ExpertPath::cublas: path = ExpertPath::cublas; break;
+      case ExpertPath::cpu:
+        EPMOE_FAIL(ErrorCode::invalid_argument, "expert_path cpu needs cpu weights; these are on cuda:", device_);
+    }
+
+    const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
+    try {
+      EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_done_, cudaEventDisableTiming));
+      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_zeroed_, cudaEventDisableTiming));
+      for (cudaEvent_t& e : ev_phase_) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
+      if (path == ExpertPath::cublas) {
+        EPMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+        kernels::cublas_pointer_arrays_create(cublas_ptrs_, El);
+      }
+      // Fixed-size device words, one allocation, each array 256-byte aligned:
+      //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
+      //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
+      //   expert_off[El+1] + expert_cnt[El] (adjacent: one upload)   error[1] (int32, sticky)
+      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1};
+      auto padded = [](size_t words) { return (words + 31) / 32 * 32; };
+      size_t words = 0;
+      for (size_t n : sizes) words += padded(n);
+      fixed_.ensure(words * sizeof(int64_t));
+      EPMOE_CUDA_CHECK(cudaMemset(fixed_.as<void>(), 0, fixed_.bytes()));
+      int64_t* p = fixed_.as<int64_t>();
+      auto take = [&](size_t n) {
+        int64_t* q = p;
+        p += padded(n);
+        return q;
+      };
+      d_status_ = take(sizes[0]);
+      d_send_rows_ = take(sizes[1]);
+      d_send_offsets_ = take(sizes[2]);
+      d_send_pairs_ = take(sizes[3]);
+      d_hdr_send_ = take(sizes[4]);
+      d_hdr_recv_ = d_hdr_send_ + size_t(W) * hw;
+      d_expert_off_ = take(sizes[5]);
+      d_expert_cnt_ = d_expert_off_ + El + 1;
+      d_error_ = reinterpret_cast<int32_t*>(take(sizes[6]));
+      h_hdr_ = pinned_alloc<int64_t>(2 * size_t(W) * hw);
+      h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
+      h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
+    } catch (...) {
+      destroy();
+      throw;
+    }
+  }
+
+  ~GpuEngine() override { destroy(); }
+
+  void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+               void* stream) override;
+
+  GpuDispatchView dispatch_view() const {
+    GpuDispatchView v;
+    v.recv_x = recv_x_.as<void>();
+    v.recv_meta = recv_meta_.as<int32_t>();
+    v.recv_rows = last_recv_rows_;
+    v.rows_per_rank = last_rows_per_rank_;
+    v.hidden = cfg.hidden;
+    v.meta_words = protocol::meta_words(cfg.top_k);
+    return v;
+  }
+
+ private:
+  void destroy() noexcept {
+    int prev = -1;
+    if (cudaGetDevice(&prev) == cudaSuccess && prev != device_) cudaSetDevice(device_);
+    // Nothing of ours may still run when the memory goes.
+    if (ev_done_) cudaEventSynchronize(ev_done_);
+    if (side_) cudaStreamSynchronize(side_);
+    for (DeviceBuffer* b : {&fixed_, &token_row_, &send_meta_, &send_token_, &layout_ws_, &send_x_, &recv_x_,
+                            &recv_meta_, &combine_, &xs_, &act_, &pair_row_, &pair_weight_, &expert_ws_,
+                            &cublas_ws_})
+      b->release();
+    kernels::cublas_pointer_arrays_destroy(cublas_ptrs_);
+    if (cublas_) cublasDestroy(cublas_);
+    for (int64_t* h : {h_hdr_, h_hdr_up_, h_expert_})
+      if (h) cudaFreeHost(h);
+    for (cudaEvent_t e : {ev_done_, ev_fork_, ev_zeroed_})
+      if (e) cudaEventDestroy(e);
+    for (cudaEvent_t e : ev_phase_)
+      if (e) cudaEventDestroy(e);
+    if (side_) cudaStreamDestroy(side_);
+    cublas_ = nullptr;
+    h_hdr_ = h_hdr_up_ = h_expert_ = nullptr;
+    ev_done_ = ev_fork_ = ev_zeroed_ = nullptr;
+    ev_phase_ = {};
+    side_ = nullptr;
+    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+  }
+
+  // Arguments on another device than the weights fail like any bad argument (in the exchange).
+  protocol::Status check_devices(const TensorView& x, const TensorView& ids, const TensorView& wts,
+                                 const TensorView& y) const {
+    protocol::Status s;
+    const std::pair<const TensorView*, const char*> args[] = {
+        {&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}};
+    for (const auto& [t, name] : args) {
+      if (t->device_index != device_) {
+        s.code = ErrorCode::invalid_argument;
+        s.text = detail::concat(name, " is on cuda:", t->device_index, " but the layer's weights are on cuda:", device_);
+        return s;
+      }
+    }
+    return s;
+  }
+
+  // The forward's work on `s`; forward() wraps it for the ordering with other forwards.
+  void run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, cudaStream_t s);
+
+  void host_wait(cudaStream_t s, const char* what) {
+#if EPMOE_WITH_NCCL
+    nccl_host_wait(*comm_, s, what);
+#else
+    (void)what;
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+#endif
+  }
+
+  void record(Phase ph, cudaStream_t s) {
+    if (opt_.record_phase_times) EPMOE_CUDA_CHECK(cudaEventRecord(ev_phase_[ph], s));
+  }
+  double elapsed(Phase a, Phase b) const {
+    float ms = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_phase_[a], ev_phase_[b]));
+    return ms;
+  }
+
+  std::shared_ptr<Communicator> comm_;
+  LayerOptions opt_;
+  int device_ = 0;
+  const __nv_bfloat16* w1_ = nullptr;
+  const __nv_bfloat16* w2_ = nullptr;
+
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t ev_done_ = nullptr, ev_fork_ = nullptr, ev_zeroed_ = nullptr;
+  std::array<cudaEvent_t, kPhases> ev_phase_{};
+  cublasHandle_t cublas_ = nullptr;
+  kernels::CublasPointerArrays cublas_ptrs_;
+
+  DeviceBuffer fixed_;
+  int64_t *d_status_ = nullptr, *d_send_rows_ = nullptr, *d_send_offsets_ = nullptr, *d_send_pairs_ = nullptr;
+  int64_t *d_hdr_send_ = nullptr, *d_hdr_recv_ = nullptr, *d_expert_off_ = nullptr, *d_expert_cnt_ = nullptr;
+  int32_t* d_error_ = nullptr;  // sticky expert-layout inconsistency flag, folded into the headers
+  int64_t* h_hdr_ = nullptr;     // pinned [2, W, hw]: my send headers, then the received ones
+  int64_t* h_hdr_up_ = nullptr;  // pinned [W, hw]: host-built headers (bad arguments)
+  int64_t* h_expert_ = nullptr;  // pinned [2*El + 1]: padded offsets, then counts
+
+  // token-sized
+  DeviceBuffer token_row_, send_meta_, send_token_, layout_ws_;
+  // count-sized (send_x_ also receives the combine: the dispatch is done with it by then)
+  DeviceBuffer send_x_, recv_x_, recv_meta_, combine_, xs_, act_, pair_row_, pair_weight_, expert_ws_, cublas_ws_;
+
+  std::vector<int64_t> recv_hdr_;
+  int64_t last_recv_rows_ = 0;
+  std::vector<int64_t> last_rows_per_rank_;
+};
+
+void GpuEngine::forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+                        void* stream) {
+  DeviceGuard guard(device_);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // After the previous forward (whatever stream it ran on): the buffers are shared.
+  EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_done_, 0));
+  try {
+    run(x, ids, wts, y, s);
+  } catch (...) {
+    // Work of this forward may still be queued (on `s`, and the zeroing on the side stream): the
+    // end event must cover it, or the next forward could free memory it still uses.
+    cudaStreamWaitEvent(s, ev_zeroed_, 0);
+    cudaEventRecord(ev_done_, s);
+    throw;
+  }
+}
+
+void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+                    cudaStream_t s) {
+  const int W = cfg.world_size, El = cfg.experts_per_rank(), H = cfg.hidden, F = cfg.ffn, k = cfg.top_k;
+  const int mw = protocol::meta_words(k), hw = protocol::header_words(El);
+  const size_t row_bytes = size_t(H) * sizeof(bf16), meta_bytes = size_t(mw) * sizeof(int32_t);
+  stats = ForwardStats{};
+  last_recv_rows_ = 0;
+  last_rows_per_rank_.assign(W, 0);
+
+  // ---- layout: validate, route, headers ---------------------------------------------------------
+  int64_t T = 0;
+  {
+    NvtxRange range("layout");
+    protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
+    if (status.ok()) status = check_devices(x, ids, wts, y);
+    if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
+      status.code = ErrorCode::unsupported;
+      status.text = detail::concat("T = ", x.shape[0], " tokens x max(top_k, world) = ", std::max(k, W),
+                                   " exceeds the device layout's 32-bit index");
+    }
+    T = status.ok() ? x.shape[0] : 0;
+
+    // Token-sized buffers; a row per (token, destination) at most. Failing to get them is a status
+    // like a bad argument, so that every rank fails alike instead of the others waiting.
+    if (status.ok()) {
+      try {
+        const int64_t max_rows = T * std::min(k, W);
+        const size_t need_token_row = size_t(T) * W * sizeof(int32_t), need_meta = size_t(max_rows) * meta_bytes,
+                     need_token = size_t(max_rows) * sizeof(int32_t),
+                     need_ws = kernels::dispatch_layout_workspace_bytes(T, W);
+        if (!token_row_.fits(need_token_row) || !send_meta_.fits(need_meta) || !send_token_.fits(need_token) ||
+            !layout_ws_.fits(need_ws)) {
+          EPMOE_CUDA_CHECK(cudaEventSynchronize(ev_done_));  // the previous forward may still use them
+          token_row_.ensure(need_token_row);
+          send_meta_.ensure(need_meta);
+          send_token_.ensure(need_token);
+          layout_ws_.ensure(need_ws);
+        }
+      } catch (const Error& e) {
+        status.code = e.code();
+        status.text = e.what();
+        T = 0;
+      }
+    }
+
+    record(kStart, s);
+    if (status.ok()) {
+      kernels::DispatchLayoutArgs a;
+      a.topk_ids = ids.ptr<int32_t>();
+      a.topk_weights = wts.ptr<float>();
+      a.num_tokens = T;
+      a.top_k = k;
+      a.num_experts = cfg.num_experts;
+      a.world = W;
+      a.status = d_status_;
+      a.send_rows = d_send_rows_;
+      a.send_offsets = d_send_offsets_;
+      a.token_row = token_row_.as<int32_t>();
+      a.send_meta = send_meta_.as<int32_t>();
+      a.send_token = send_token_.as<int32_t>();
+      a.send_pairs = d_send_pairs_;
+      a.workspace = layout_ws_.as<void>();
+      a.workspace_bytes = layout_ws_.bytes();
+      kernels::dispatch_layout_launch(a, s);
+      kernels::count_headers_launch(d_status_, d_send_rows_, d_send_pairs_, d_error_, W, El, d_hdr_send_, s);
+    } else {
+      // A bad argument travels as this rank's status with zero rows (the message text included).
+      protocol::DispatchLayout L;
+      L.world = W;
+      L.top_k = k;
+      L.experts_per_rank = El;
+      L.send_rows.assign(W, 0);
+      L.send_offsets.assign(W + 1, 0);
+      L.send_pairs.assign(size_t(W) * El, 0);
+      std::vector<int64_t> h;
+      protocol::encode_count_headers(L, status, h);
+      std::memcpy(h_hdr_up_, h.data(), h.size() * sizeof(int64_t));
+      EPMOE_CUDA_CHECK(
+          cudaMemcpyAsync(d_hdr_send_, h_hdr_up_, h.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    }
+    record(kLayoutEnd, s);
+  }
+
+  // ---- count exchange: the one host sync of the forward -----------------------------------------
+  protocol::ReceivePlan plan;
+  std::vector<int64_t> send_rows(W);
+  {
+    NvtxRange range("exchange");
+    comm_->set_stream(s);
+    comm_->alltoall_i64(d_hdr_send_, d_hdr_recv_, size_t(hw));
+    EPMOE_CUDA_CHECK(
+        cudaMemcpyAsync(h_hdr_, d_hdr_send_, 2 * size_t(W) * hw * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+    record(kExchangeEnd, s);
+    host_wait(s, "count exchange");
+    recv_hdr_.assign(h_hdr_ + size_t(W) * hw, h_hdr_ + 2 * size_t(W) * hw);
+    plan = protocol::decode_count_headers(recv_hdr_, W, El);  // throws the same error on every rank
+    for (int p = 0; p < W; ++p) send_rows[p] = h_hdr_[size_t(p) * hw + protocol::kHdrRows];
+  }
+  int64_t S = 0;
+  for (int64_t v : send_rows) S += v;
+  const int64_t R = plan.total_rows();
+  // Expert segments on the host (from the headers' pair counts), padded to the tile; uploaded for
+  // the device layout, which checks them against the received metadata.
+  int64_t* h_off = h_expert_;
+  int64_t* h_cnt = h_expert_ + El + 1;
+  h_off[0] = 0;
+  for (int e = 0; e < El; ++e) {
+    h_cnt[e] = plan.expert_pairs[e];
+    h_off[e + 1] = h_off[e] + protocol::round_up(h_cnt[e], kernels::kExpertTile);
+  }
+  const int64_t P = h_off[El];
+  EPMOE_CHECK(P < int64_t(INT32_MAX) && R < int64_t(INT32_MAX), ErrorCode::unsupported, "this rank receives ", R,
+              " rows / ", P, " padded expert rows: beyond the 32-bit row index");
+
+  stats.tokens = T;
+  stats.send_rows = send_rows;
+  stats.recv_rows = plan.recv_rows;
+  stats.dispatch_bytes = S * int64_t(row_bytes + meta_bytes);
+  stats.combine_bytes = R * int64_t(row_bytes);
+  stats.expert_pairs = plan.total_pairs();
+
+  // ---- dispatch -----------------------------------------------------------------------------------
+  {
+    NvtxRange range("dispatch");
+    // Safe to reallocate: the host wait above drained `s`, which waited for the previous forward.
+    send_x_.ensure(size_t(S) * row_bytes);
+    recv_x_.ensure(size_t(R) * row_bytes);
+    recv_meta_.ensure(size_t(R) * meta_bytes);
+    combine_.ensure(size_t(R) * row_bytes);
+    xs_.ensure(size_t(P) * row_bytes);
+    act_.ensure(size_t(P) * F * sizeof(bf16));
+    pair_row_.ensure(size_t(P) * sizeof(int32_t));
+    pair_weight_.ensure(size_t(P) * sizeof(float));
+    expert_ws_.ensure(kernels::expert_layout_workspace_bytes(R, El));
+    if (path == ExpertPath::cublas) cublas_ws_.ensure(kernels::cublas_experts_workspace_bytes(P, H, F));
+    record(kDispatchStart, s);
+
+    // Zero the combine buffer on the side stream while the rows travel.
+    EPMOE_CUDA_CHECK(cudaEventRecord(ev_fork_, s));
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side_, ev_fork_, 0));
+    if (R > 0) EPMOE_CUDA_CHECK(cudaMemsetAsync(combine_.as<void>(), 0, size_t(R) * row_bytes, side_));
+    EPMOE_CUDA_CHECK(cudaEventRecord(ev_zeroed_, side_));
+
+    kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
+    const AlltoallvPlane planes[2] = {
+        protocol::make_plane(send_x_.as<void>(), recv_x_.as<void>(), send_rows, plan.recv_rows, row_bytes),
+        protocol::make_plane(send_meta_.as<void>(), recv_meta_.as<void>(), send_rows, plan.recv_rows, meta_bytes)};
+    comm_->alltoallv(planes);
+    record(kDispatchEnd, s);
+  }
+  last_recv_rows_ = R;
+  last_rows_per_rank_ = plan.recv_rows;
+
+  if (opt_.on_receive) {  // inspection hook: a second host sync, only when asked for
+    host_wait(s, "on_receive");
+    std::vector<bf16> rows(size_t(R) * H);
+    std::vector<int32_t> meta(size_t(R) * mw);
+    if (R > 0) {
+      EPMOE_CUDA_CHECK(cudaMemcpy(rows.data(), recv_x_.as<void>(), rows.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+      EPMOE_CUDA_CHECK(cudaMemcpy(meta.data(), recv_meta_.as<void>(), meta.size() * 4, cudaMemcpyDeviceToHost));
+    }
+    opt_.on_receive(rows.data(), meta.data(), plan.recv_rows);
+  }
+
+  // ---- local experts --------------------------------------------------------------------------------
+  {
+    NvtxRange range("experts");
+    if (P > 0) {
+      EPMOE_CUDA_CHECK(
+          cudaMemcpyAsync(d_expert_off_, h_expert_, (2 * size_t(El) + 1) * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+      kernels::ExpertLayoutArgs a;
+      a.recv_meta = recv_meta_.as<int32_t>();
+      a.recv_rows = R;
+      a.top_k = k;
+      a.experts = El;
+      a.padded_offsets = d_expert_off_;
+      a.expert_counts = d_expert_cnt_;
+      a.pair_row = pair_row_.as<int32_t>();
+      a.pair_weight = pair_weight_.as<float>();
+      a.error_flag = d_error_;
+      a.workspace = expert_ws_.as<void>();
+      a.workspace_bytes = expert_ws_.bytes();
+      kernels::expert_layout_launch(a, s);
+      kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), R, H, pair_row_.as<int32_t>(), d_expert_off_ + El, P,
+                                  xs_.as<__nv_bfloat16>(), s);
+    }
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_zeroed_, 0));  // the experts reduce into the combine buffer
+    if (P > 0) {
+      kernels::ExpertProblem prob;
+      prob.xs = xs_.as<__nv_bfloat16>();
+      prob.padded_offsets = d_expert_off_;
+      prob.pair_row = pair_row_.as<int32_t>();
+      prob.pair_weight = pair_weight_.as<float>();
+      prob.w1 = w1_;
+      prob.w2 = w2_;
+      prob.act = act_.as<__nv_bfloat16>();
+      prob.out = combine_.as<__nv_bfloat16>();
+      prob.rows_capacity = P;
+      prob.out_rows = R;
+      prob.experts = El;
+      prob.hidden = H;
+      prob.ffn = F;
+      if (path == ExpertPath::sm90)
+        kernels::sm90_experts_launch(prob, s);
+      else
+        kernels::cublas_experts_launch(prob, h_off, h_cnt, cublas_, cublas_ptrs_, cublas_ws_.as<void>(),
+                                       cublas_ws_.bytes(), s);
+    }
+    record(kExpertsEnd, s);
+  }
+
+  // ---- combine: rows go back the way they came (into send_x_, which the dispatch is done with) ------
+  {
+    NvtxRange range("combine");
+    const AlltoallvPlane back[1] = {
+        protocol::make_plane(combine_.as<void>(), send_x_.as<void>(), plan.recv_rows, send_rows, row_bytes)};
+    comm_->alltoallv(back);
+    record(kCombineEnd, s);
+  }
+
+  // ---- source reduce ------------------------------------------------------------------------------
+  {
+    NvtxRange range("reduce");
+    kernels::combine_reduce_launch(send_x_.as<__nv_bfloat16>(), token_row_.as<int32_t>(), T, W, H,
+                                   y.ptr<__nv_bfloat16>(), s);
+    record(kReduceEnd, s);
+  }
+  EPMOE_CUDA_CHECK(cudaEventRecord(ev_done_, s));
+
+  if (opt_.record_phase_times) {
+    host_wait(s, "phase times");
+    stats.layout_ms = elapsed(kStart, kLayoutEnd);
+    stats.exchange_ms = elapsed(kLayoutEnd, kExchangeEnd);
+    stats.dispatch_ms = elapsed(kDispatchStart, kDispatchEnd);
+    stats.experts_ms = elapsed(kDispatchEnd, kExpertsEnd);
+    stats.combine_ms = elapsed(kExpertsEnd, kCombineEnd);
+    stats.reduce_ms = elapsed(kCombineEnd, kReduceEnd);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<MoeLayer::Engine> make_gpu_engine(const MoeConfig& cfg, const ExpertWeights& w,
+                                                  std::shared_ptr<Communicator> comm, const LayerOptions& opt) {
+  return std::make_unique<GpuEngine>(cfg, w, std::move(comm), opt);
+}
+
+GpuDispatchView gpu_dispatch_view(const MoeLayer::Engine& engine) {
+  const auto* g = dynamic_cast<const GpuEngine*>(&engine);
+  EPMOE_CHECK(g != nullptr, ErrorCode::invalid_argument, "gpu_dispatch_view: not a GPU engine");
+  return g->dispatch_view();
+}
+
+}  // namespace epmoe
