@@ -151,6 +151,15 @@ stage_mpi() {
   fi
 }
 
+# The main job (README's run command) on the GPUs present: EP forward + max error vs reference.
+stage_run() {
+  local np=$(( NGPU >= 2 ? 2 : 1 ))
+  tmo --max 120 mpirun -np "$np" --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
+    -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH "$BUILD/src/programs/epmoe_run" --tokens 4096 --hidden 2048 \
+    --ffn 1024 --check-tokens 16
+  KEY_FIG=$(grep -o 'max error vs dense reference: .*' "$CUR_LOG" | head -1)
+}
+
 stage_sass() {
   local inputs=() dump=/tmp/gpu_check_sass.txt rc=0
   rm -f "$dump"
@@ -306,6 +315,7 @@ run_stage build 330 stage_build
 run_stage cpu 90 stage_cpu
 run_stage gpu 150 stage_gpu
 run_stage mpi 150 stage_mpi
+run_stage run 120 stage_run
 run_stage sass 60 stage_sass
 run_stage sanitizer 150 stage_sanitizer
 run_stage bench_experts 150 stage_bench_experts
