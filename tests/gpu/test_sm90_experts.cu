@@ -569,6 +569,9 @@ TEST(Sm90Experts, GatherRowsBitExact) {
   EXPECT_EQ(bad, 0);
 }
 
+// A small case for compute-sanitizer memcheck/racecheck in gpu_check (the filter is *Small*).
+TEST(Sm90Experts, SmallE4K2H256F256T64) { run_case({4, 2, 256, 256, 64, Route::uniform, 0, 64}); }
+
 // Uniform routing, the main shapes.
 TEST(Sm90Experts, UniformE8K2H2048F1024T128) { run_case({8, 2, 2048, 1024, 128, Route::uniform, 0, 128}); }
 TEST(Sm90Experts, UniformE16K4H4096F768T7) { run_case({16, 4, 4096, 768, 7, Route::uniform, 384, 7}); }
