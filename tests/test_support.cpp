@@ -71,8 +71,9 @@ Routing make_routing(int64_t T, int E, int k, RoutingKind kind, uint64_t seed, i
     float* w = &R.weights[size_t(t) * k];
     uint64_t draw = 0;
     auto next = [&] { return uniform01(mix(seed, t, ++draw)); };
-    auto pick_distinct = [&](auto sample) {
-      for (int j = 0; j < k; ++j) {
+    // At most `pool` distinct experts exist for the kind: slots past that stay -1 (dropped).
+    auto pick_distinct = [&](auto sample, int pool = 1 << 30) {
+      for (int j = 0; j < std::min(k, pool); ++j) {
         int32_t e;
         do e = sample();
         while (std::find(row, row + j, e) != row + j);
@@ -91,7 +92,7 @@ Routing make_routing(int64_t T, int E, int k, RoutingKind kind, uint64_t seed, i
         });
         break;
       case RoutingKind::local_only:
-        pick_distinct([&] { return int32_t(focus * El + std::min<float>(El - 1, next() * El)); });
+        pick_distinct([&] { return int32_t(focus * El + std::min<float>(El - 1, next() * El)); }, El);
         break;
       case RoutingKind::one_expert: row[0] = focus; break;
       case RoutingKind::all_dropped: break;

@@ -27,7 +27,7 @@ enum class RoutingKind {
   one_expert,   // every token's first slot is expert `focus`, other slots -1
   with_drops,   // uniform with ~25% of slots -1 and every 7th token all -1
   all_dropped,  // every slot -1
-  local_only,   // k distinct experts among those of rank `focus` (other ranks' experts idle)
+  local_only,   // min(k, E_local) distinct experts of rank `focus`, other slots -1 (other ranks idle)
 };
 const char* routing_name(RoutingKind k);
 struct Routing {
