@@ -1,6 +1,8 @@
 // The NCCL communicator, internal side (the public entry points are in epmoe/nccl_communicator.h).
 //
-// Streams: the caller's stream (set_stream) orders our work with the caller's; the NCCL operations
+// Streams: the caller's stream (set_stream) orders our work with the caller's (every collective,
+// also allreduce_max_i64 / barrier, records an event on it, so it must stay alive while set; the GPU
+// engine sets it for one forward and puts the previous one back); the NCCL operations
 // themselves run on a dedicated non-blocking communication stream, so they overlap work on other
 // streams. Each collective: event on the caller stream -> comm stream waits -> NCCL (and copies) on
 // the comm stream -> event on the comm stream -> caller stream waits.

@@ -61,6 +61,24 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
+// Sets the communicator's stream for the scope and puts the previous one back after (also when the
+// forward throws): the caller's stream is only known to be alive during the forward, and the
+// communicator outlives it (a shared one is used by other layers, and by MoeLayer's constructor,
+// whose agreement collective orders itself after the communicator's stream). Left set, a stream the
+// caller destroys after the forward would dangle there, and the next collective fail on it
+// (cudaErrorContextIsDestroyed).
+class CommStreamScope {
+ public:
+  CommStreamScope(Communicator& comm, cudaStream_t s) : comm_(comm), prev_(comm.stream()) { comm_.set_stream(s); }
+  ~CommStreamScope() { comm_.set_stream(prev_); }
+  CommStreamScope(const CommStreamScope&) = delete;
+  CommStreamScope& operator=(const CommStreamScope&) = delete;
+
+ private:
+  Communicator& comm_;
+  void* prev_;
+};
+
 class NvtxRange {
  public:
   explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
@@ -308,6 +326,7 @@ void GpuEngine::forward(const TensorView& x, const TensorView& ids, const Tensor
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // After the previous forward (whatever stream it ran on): the buffers are shared.
   EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_done_, 0));
+  CommStreamScope comm_stream(*comm_, s);  // the collectives of run() order themselves on `s`
   try {
     run(x, ids, wts, y, s);
   } catch (...) {
@@ -407,7 +426,6 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
   std::vector<int64_t> send_rows(W);
   {
     NvtxRange range("exchange");
-    comm_->set_stream(s);
     comm_->alltoall_i64(d_hdr_send_, d_hdr_recv_, size_t(hw));
     EPMOE_CUDA_CHECK(
         cudaMemcpyAsync(h_hdr_, d_hdr_send_, 2 * size_t(W) * hw * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
