@@ -22,6 +22,8 @@
 #include "kernels/sm90_experts.cuh"
 #include "test_support.h"
 
+#include "device_array.h"
+
 namespace epmoe::test {
 namespace {
 
@@ -36,46 +38,6 @@ namespace {
 // Hence elementwise 2^-5 relative plus 2^-5 of the output RMS, and 1e-2 relative L2, which is
 // ~2-3x the noise these roundings produce for k <= 8 (they are independent across elements).
 constexpr Tolerance kGpuTolerance{1.0 / 32, 1.0 / 32, 1e-2};
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-bool cuda_available(std::string& why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    why = e != cudaSuccess ? std::string("no usable CUDA device (") + cudaGetErrorString(e) + ")" : "no CUDA device";
-    return false;
-  }
-  return true;
-}
-
-template <class T>
-class Dev {
- public:
-  explicit Dev(size_t n, int poison = 0x7b) : n_(n) {
-    ck(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-    ck(cudaMemset(p_, poison, std::max<size_t>(n, 1) * sizeof(T)), "cudaMemset");
-  }
-  Dev(const std::vector<T>& v) : Dev(v.size()) {
-    if (!v.empty()) ck(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-  }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return static_cast<T*>(p_); }
-  void poison(int byte) { ck(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T)), "poison"); }
-  std::vector<T> host() const {
-    std::vector<T> v(n_);
-    if (n_) ck(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
-    return v;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
 
 // One NCCL communicator for the suite, released in TearDownTestSuite (before exit, not in a static
 // destructor after the CUDA runtime may be gone).

@@ -28,6 +28,8 @@
 #include "kernels/sm90_experts.cuh"
 #include "test_support.h"
 
+#include "device_array.h"
+
 namespace epmoe::test {
 namespace {
 
@@ -35,35 +37,6 @@ namespace {
 // atomic accumulation of <= k experts per row, split-K on sm90), plus the source reduce's final
 // rounding of up to min(k, world) partial rows, which the CPU path has too.
 constexpr Tolerance kGpuTolerance{1.0 / 32, 1.0 / 32, 1e-2};
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-class Dev {
- public:
-  explicit Dev(size_t n, int poison = 0x7b) : n_(n) {
-    ck(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-    ck(cudaMemset(p_, poison, std::max<size_t>(n, 1) * sizeof(T)), "cudaMemset");
-  }
-  Dev(const std::vector<T>& v) : Dev(v.size()) {
-    if (!v.empty()) ck(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
-  }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  T* get() const { return static_cast<T*>(p_); }
-  std::vector<T> host() const {
-    std::vector<T> v(n_);
-    if (n_) ck(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), "download");
-    return v;
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
-};
 
 int mpi_rank() {
   int r = 0;

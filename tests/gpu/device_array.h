@@ -1,0 +1,59 @@
+// Test helpers for the GPU suites: checked CUDA calls, a device probe, and a poisoned device array.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace epmoe::test {
+
+inline void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// False (with the reason) when no CUDA device can be used: the suites then skip, saying why.
+inline bool cuda_available(std::string& why) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    why = std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+    return false;
+  }
+  if (n == 0) {
+    why = "no CUDA device";
+    return false;
+  }
+  return true;
+}
+
+// A device array of T, filled with `poison` bytes so unwritten outputs show up in comparisons.
+template <class T>
+class Dev {
+ public:
+  explicit Dev(size_t n, int poison = 0x7b) : n_(n) {
+    ck(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+    ck(cudaMemset(p_, poison, std::max<size_t>(n, 1) * sizeof(T)), "cudaMemset");
+  }
+  Dev(const std::vector<T>& v) : Dev(v.size()) {
+    if (!v.empty()) ck(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  T* get() const { return static_cast<T*>(p_); }
+  void poison(int byte) { ck(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T)), "poison"); }
+  std::vector<T> host(size_t count) const {
+    std::vector<T> v(count);
+    if (count) ck(cudaMemcpy(v.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return v;
+  }
+  std::vector<T> host() const { return host(n_); }
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+}  // namespace epmoe::test
