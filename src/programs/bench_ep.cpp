@@ -42,6 +42,7 @@
 #include "epmoe/bf16.h"
 #include "epmoe/build_config.h"
 #include "epmoe/error.h"
+#include "kernels/cuda_check.cuh"
 #include "epmoe/moe_config.h"
 #include "epmoe/moe_layer.h"
 #include "epmoe/nccl_communicator.h"
@@ -52,13 +53,7 @@
 #error "epmoe_bench_ep needs epmoe built with MPI and NCCL (EPMOE_ENABLE_MPI, EPMOE_ENABLE_NCCL)"
 #endif
 
-#define BENCH_CUDA(call)                                                                              \
-  do {                                                                                                \
-    cudaError_t err_ = (call);                                                                        \
-    if (err_ != cudaSuccess)                                                                          \
-      EPMOE_FAIL(::epmoe::ErrorCode::cuda_error, #call, " failed: ", cudaGetErrorName(err_), ": ",    \
-                 cudaGetErrorString(err_));                                                           \
-  } while (0)
+#define BENCH_CUDA(call) EPMOE_CUDA_CHECK(call)
 
 namespace {
 
