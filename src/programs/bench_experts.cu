@@ -97,6 +97,7 @@ struct Result {
   Shape s;
   int sets = 1;
   double seed_ms = 0, full_ms = 0, gather_ms = 0, up_ms = 0, down_ms = 0;
+  double zero_ms = 0, full_serial_zero_ms = 0;  // the zeroing alone; the full layer with it serialized
   double max_rel_err = -1, rel_l2 = -1;
   int checked_tokens = 0;
 };
@@ -235,8 +236,17 @@ Result run_shape(const Shape& sh, const Options& opt) {
   BCHECK(cudaEventCreate(&t0));
   BCHECK(cudaEventCreate(&t1));
 
-  auto enqueue_full = [&](int set) {
+  // serial_zero: the zeroing on the main stream before the gather (no overlap), to measure what the
+  // side stream saves.
+  auto enqueue_full = [&](int set, bool serial_zero = false) {
     const ExpertProblem p = problem(set);
+    if (serial_zero) {
+      BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
+      epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
+                                         xsbuf[set].as<__nv_bfloat16>(), s);
+      epmoe::kernels::sm90_experts_launch(p, s);
+      return;
+    }
     BCHECK(cudaEventRecord(fork, s));
     BCHECK(cudaStreamWaitEvent(side, fork, 0));
     BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, side));
@@ -300,13 +310,16 @@ Result run_shape(const Shape& sh, const Options& opt) {
                                        xsbuf[i].as<__nv_bfloat16>(), s);
   BCHECK(cudaStreamSynchronize(s));
 
-  std::vector<cudaGraphExec_t> full_g, seed_g;
+  std::vector<cudaGraphExec_t> full_g, seed_g, serial_g;
   for (int i = 0; i < sets; ++i) {
     full_g.push_back(capture([&] { enqueue_full(i); }));
     seed_g.push_back(capture([&] { epmoe::kernels::sm90_experts_launch(problem(i), s); }));
+    serial_g.push_back(capture([&] { enqueue_full(i, /*serial_zero=*/true); }));
   }
   res.full_ms = time_graphs(full_g);
   res.seed_ms = time_graphs(seed_g);
+  res.full_serial_zero_ms = time_graphs(serial_g);
+  res.zero_ms = time_launch([&](int i) { BCHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
   res.gather_ms = time_launch([&](int i) {
     epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
                                        xsbuf[i].as<__nv_bfloat16>(), s);
@@ -315,6 +328,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
   res.down_ms = time_launch([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
   for (auto g : full_g) cudaGraphExecDestroy(g);
   for (auto g : seed_g) cudaGraphExecDestroy(g);
+  for (auto g : serial_g) cudaGraphExecDestroy(g);
 
   // ---- correctness: one full layer on set 0, sampled tokens vs the reference ----
   if (opt.check) {
@@ -382,10 +396,12 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
     std::fprintf(f,
                  "  {\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %lld, \"sets\": %d, "
                  "\"seed_ms\": %.6f, \"seed_tflops\": %.3f, \"full_ms\": %.6f, \"full_tflops\": %.3f, "
-                 "\"gather_ms\": %.6f, \"up_ms\": %.6f, \"down_ms\": %.6f, \"checked_tokens\": %d, "
+                 "\"gather_ms\": %.6f, \"up_ms\": %.6f, \"down_ms\": %.6f, \"zero_ms\": %.6f, "
+                 "\"full_serial_zero_ms\": %.6f, \"checked_tokens\": %d, "
                  "\"max_rel_err\": %.6g, \"rel_l2\": %.6g}%s\n",
                  r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
-                 tflops(r.s, r.full_ms), r.gather_ms, r.up_ms, r.down_ms, r.checked_tokens,
+                 tflops(r.s, r.full_ms), r.gather_ms, r.up_ms, r.down_ms, r.zero_ms, r.full_serial_zero_ms,
+                 r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
                  i + 1 < rs.size() ? "," : "");
   }
@@ -444,16 +460,19 @@ int main(int argc, char** argv) {
     }
     std::printf("# epmoe sm_90a split pipeline on %s (%d SMs), %d iters, median; zeroing joined before %s\n", prop.name,
                 prop.multiProcessorCount, opt.iters, opt.zero_before_down ? "DOWN" : "UP");
-    std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %9s %9s | %10s %9s\n", "E", "k", "hidden", "ffn", "T",
-                "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "gather ms", "up ms", "down ms", "max_rel", "rel_l2");
+    std::printf("# zero ms: the output memset alone; serial ms: the full layer with it on the main stream (no overlap)\n");
+    std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %9s %9s | %8s %9s | %10s %9s\n", "E", "k", "hidden", "ffn",
+                "T", "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "gather ms", "up ms", "down ms", "zero ms", "serial ms",
+                "max_rel", "rel_l2");
     std::vector<Result> rs;
     bool ok = true;
     for (const Shape& sh : shapes) {
       const Result r = run_shape(sh, opt);
       rs.push_back(r);
-      std::printf("  %4d %2d %6d %5d %7lld | %9.4f %8.1f | %9.4f %8.1f | %9.4f %9.4f %9.4f | %10.3e %9.3e\n", sh.E, sh.k,
-                  sh.hidden, sh.ffn, (long long)sh.T, r.seed_ms, tflops(sh, r.seed_ms), r.full_ms, tflops(sh, r.full_ms),
-                  r.gather_ms, r.up_ms, r.down_ms, r.max_rel_err, r.rel_l2);
+      std::printf("  %4d %2d %6d %5d %7lld | %9.4f %8.1f | %9.4f %8.1f | %9.4f %9.4f %9.4f | %8.4f %9.4f | %10.3e %9.3e\n",
+                  sh.E, sh.k, sh.hidden, sh.ffn, (long long)sh.T, r.seed_ms, tflops(sh, r.seed_ms), r.full_ms,
+                  tflops(sh, r.full_ms), r.gather_ms, r.up_ms, r.down_ms, r.zero_ms, r.full_serial_zero_ms, r.max_rel_err,
+                  r.rel_l2);
       std::fflush(stdout);
       // Same bound as the test suite: 2k * 2^-8 of the row maximum, 1e-2 relative L2.
       if (opt.check && !(r.max_rel_err <= 2.0 * sh.k / 256.0 && r.rel_l2 < 1e-2)) ok = false;
