@@ -39,9 +39,10 @@ struct LayerOptions {
   // GPU engine: record events around each phase and fill ForwardStats' *_ms after the forward
   // (costs a host sync at the end of forward; off for production runs).
   bool record_phase_times = false;
-  // Inspection hook (tests, debugging), CPU engine: called after the dispatch with the received
-  // rows x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
-  // src/ep_protocol.h) and the rows received from each rank, in host memory.
+  // Inspection hook (tests, debugging): called after the dispatch with the received rows
+  // x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
+  // src/ep_protocol.h) and the rows received from each rank, in host memory. The GPU engine copies
+  // them to the host for it (an extra sync): leave it empty in production.
   std::function<void(const void* rows, const int32_t* meta, const std::vector<int64_t>& rows_per_rank)> on_receive;
 };
 
