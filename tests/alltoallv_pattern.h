@@ -1,6 +1,8 @@
 // An uneven variable all-to-all pattern that every rank can regenerate: used by the mock and MPI
 // communicator suites (and usable by any Communicator test) to check alltoallv byte for byte.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -67,6 +69,20 @@ inline size_t count_wrong_bytes(const RankPlane& rp, int world, int plane, int m
   size_t wrong = 0;
   for (size_t i = 0; i < want.size(); ++i) wrong += want[i] != rp.recv[i];
   return wrong;
+}
+
+// Exchanges num_planes random planes in one call and expects every received byte right.
+inline void check_alltoallv(Communicator& comm, int num_planes, uint32_t seed, size_t max_bytes) {
+  const int world = comm.world_size(), me = comm.rank();
+  std::vector<RankPlane> rps;
+  std::vector<AlltoallvPlane> planes;
+  for (int i = 0; i < num_planes; ++i) {
+    rps.push_back(make_rank_plane(random_block_sizes(world, i, seed, max_bytes), world, i, me));
+    planes.push_back(rps.back().plane);
+  }
+  comm.alltoallv(planes);
+  for (int i = 0; i < num_planes; ++i)
+    EXPECT_EQ(count_wrong_bytes(rps[i], world, i, me), 0u) << "rank " << me << " plane " << i << " seed " << seed;
 }
 
 }  // namespace epmoe::test

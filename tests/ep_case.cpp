@@ -16,6 +16,21 @@ std::string EpCase::name() const {
   return os.str();
 }
 
+EpCase make_ep_case(int world, int E, int k, int hidden, int ffn, int64_t T, RoutingKind routing, int focus,
+                    uint64_t seed) {
+  EpCase c;
+  c.world = world;
+  c.E = E;
+  c.k = k;
+  c.hidden = hidden;
+  c.ffn = ffn;
+  c.tokens.assign(world, T);
+  c.routing = routing;
+  c.focus = focus;
+  c.seed = seed;
+  return c;
+}
+
 Routing routing_of(const EpCase& c, int rank) {
   return make_routing(c.tokens_of(rank), c.E, c.k, c.routing, mix(c.seed, 100 + rank), c.focus, c.world);
 }

@@ -25,6 +25,10 @@ struct EpCase {
   std::string name() const;
 };
 
+// Every rank gets T tokens; the seed is the caller's, so each suite keeps its own data.
+EpCase make_ep_case(int world, int E, int k, int hidden, int ffn, int64_t T, RoutingKind routing, int focus,
+                    uint64_t seed);
+
 inline void PrintTo(const EpCase& c, std::ostream* os) { *os << c.name(); }
 
 Routing routing_of(const EpCase& c, int rank);

@@ -11,17 +11,7 @@ namespace {
 using RK = RoutingKind;
 
 EpCase make_case(int world, int E, int k, int hidden, int ffn, int64_t T, RK routing, int focus = 0) {
-  EpCase c;
-  c.world = world;
-  c.E = E;
-  c.k = k;
-  c.hidden = hidden;
-  c.ffn = ffn;
-  c.tokens.assign(world, T);
-  c.routing = routing;
-  c.focus = focus;
-  c.seed = uint64_t(world * 1000 + E * 10 + k);
-  return c;
+  return make_ep_case(world, E, k, hidden, ffn, T, routing, focus, uint64_t(world * 1000 + E * 10 + k));
 }
 
 void run_on_mock_ranks(const EpCase& c) {

@@ -17,17 +17,7 @@ int world() {
 }
 
 EpCase mpi_case(int E, int k, int hidden, int ffn, int64_t T, RoutingKind routing, int focus = 0) {
-  EpCase c;
-  c.world = world();
-  c.E = E;
-  c.k = k;
-  c.hidden = hidden;
-  c.ffn = ffn;
-  c.tokens.assign(c.world, T);
-  c.routing = routing;
-  c.focus = focus;
-  c.seed = uint64_t(31 * E + k);
-  return c;
+  return make_ep_case(world(), E, k, hidden, ffn, T, routing, focus, uint64_t(31 * E + k));
 }
 
 TEST(EpMpi, Uniform) { run_ep_case_cpu(mpi_case(8, 2, 128, 128, 96, RoutingKind::uniform), make_mpi_communicator()); }

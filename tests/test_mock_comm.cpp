@@ -71,18 +71,6 @@ void check_alltoall_i64(Communicator& comm, size_t count) {
     for (size_t i = 0; i < count; ++i) EXPECT_EQ(recv[p * count + i], a2a_value(p, me, i)) << "rank " << me;
 }
 
-void check_alltoallv(Communicator& comm, int num_planes, uint32_t seed, size_t max_bytes) {
-  const int world = comm.world_size(), me = comm.rank();
-  std::vector<RankPlane> rps;
-  std::vector<AlltoallvPlane> planes;
-  for (int i = 0; i < num_planes; ++i) {
-    rps.push_back(make_rank_plane(random_block_sizes(world, i, seed, max_bytes), world, i, me));
-    planes.push_back(rps.back().plane);
-  }
-  comm.alltoallv(planes);
-  for (int i = 0; i < num_planes; ++i)
-    EXPECT_EQ(count_wrong_bytes(rps[i], world, i, me), 0u) << "rank " << me << " plane " << i << " seed " << seed;
-}
 
 void check_allreduce_max(Communicator& comm, int salt) {
   const int world = comm.world_size(), me = comm.rank();
