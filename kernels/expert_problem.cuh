@@ -3,6 +3,10 @@
 //
 //   xs[rows_capacity, hidden] bf16     gathered rows, expert-sorted, each expert's segment padded to
 //                                      kExpertTile rows; padding rows are zero
+//   x[x_rows, hidden] bf16             optional (sm_90 path): the rows in their own (token) order.
+//                                      When set, the UP kernel gathers xs[i] = x[pair_row[i]] itself
+//                                      (zero for padding or pair_row outside [0, x_rows)) and xs is
+//                                      neither read nor needed; the cuBLAS path always reads xs.
 //   padded_offsets[E_local + 1] i64    segment starts in xs (device; the host may not know them)
 //   pair_row[rows_capacity] i32        for each xs row: destination row in `out`, -1 for padding
 //   pair_weight[rows_capacity] f32     routing weight of that (row, expert) pair, 0 for padding
@@ -24,6 +28,8 @@ inline constexpr int kExpertTile = 128;
 
 struct ExpertProblem {
   const __nv_bfloat16* xs = nullptr;
+  const __nv_bfloat16* x = nullptr;  // see above: fused gather on the sm_90 path when non-null
+  int64_t x_rows = 0;
   const int64_t* padded_offsets = nullptr;
   const int32_t* pair_row = nullptr;
   const float* pair_weight = nullptr;

@@ -1,5 +1,6 @@
 // The sm_90a split expert pipeline (seed 000's split path carried to Hopper):
-//   gather_rows (kernels/gather_rows.cuh): x -> xs, expert-sorted and tile-padded
+//   gather_rows (kernels/gather_rows.cuh): x -> xs, expert-sorted and tile-padded -- or, with
+//                                ExpertProblem::x set, UP gathers xs[r] = x[pair_row[r]] itself
 //   UP   (sm90_up_kernel.cu):   act[r, :] = bf16(silu(xs[r] @ W1g_e^T) * (xs[r] @ W1u_e^T))
 //   DOWN (sm90_down_kernel.cu): out[pair_row[r], :] += pair_weight[r] * (act[r] @ W2_e^T)   (bf16 red)
 // for every row r of xs below padded_offsets[E], e the expert whose segment holds r.
@@ -16,6 +17,8 @@
 //   EPMOE_SM90_PERSISTENT=0  one CTA per work item instead of one per SM
 //   EPMOE_SM90_W1_PLAIN=1    UP loads W1 with two rank-3 boxes per stage instead of the folded
 //                            rank-4 box (also used automatically if the driver rejects the fold)
+//   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
+//                            gather from x (sm90_fused_gather_enabled)
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,7 +29,11 @@ namespace epmoe::kernels {
 // True when `device` is compute capability 9.0 and this build carries sm_90a code for the kernels.
 bool sm90_experts_supported(int device);
 
-// xs, w1 -> act.
+// Whether the UP kernel should gather its rows itself (ExpertProblem::x) instead of reading xs
+// written by gather_rows: true unless EPMOE_SM90_GATHER=separate (read at each call).
+bool sm90_fused_gather_enabled();
+
+// xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.

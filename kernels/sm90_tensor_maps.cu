@@ -109,8 +109,11 @@ void check_expert_problem(const ExpertProblem& p, const char* who) {
               ": rows_capacity must be in (0, 2^31), got ", p.rows_capacity);
   EPMOE_CHECK(p.padded_offsets != nullptr && p.pair_row != nullptr && p.pair_weight != nullptr,
               ErrorCode::invalid_argument, who, ": null layout pointer");
-  EPMOE_CHECK(aligned(p.xs) && aligned(p.w1) && aligned(p.w2) && aligned(p.act) && aligned(p.out),
-              ErrorCode::invalid_argument, who, ": xs, w1, w2, act and out must be non-null and 16-byte aligned");
+  EPMOE_CHECK((p.x != nullptr ? aligned(p.x) : aligned(p.xs)) && aligned(p.w1) && aligned(p.w2) && aligned(p.act) &&
+                  aligned(p.out),
+              ErrorCode::invalid_argument, who,
+              ": xs (or x), w1, w2, act and out must be non-null and 16-byte aligned");
+  EPMOE_CHECK(p.x == nullptr || p.x_rows > 0, ErrorCode::invalid_argument, who, ": x given with x_rows = ", p.x_rows);
 }
 
 unsigned sm90_grid(int64_t items, const char* who) {

@@ -16,7 +16,14 @@
 // stage); warpgroups 1 and 2 each own 64 rows and run wgmma m64n256k16 from smem descriptors, 128
 // fp32 accumulators per thread. The epilogue transposes within quads so each thread writes 16
 // contiguous bytes of act. PDL dependents (the DOWN kernel) are released as soon as the CTA starts.
+//
+// Gather mode (ExpertProblem::x set): the A tile is not TMA-loaded from xs but gathered by all 128
+// producer threads with cp.async from the token-ordered x (produce_gathered), which removes the
+// gather kernel's write and re-read of the whole xs (rows x hidden x 2 B each way) from the layer.
+// Registers: producer 72, consumers 216 (72*128 + 216*256 = 168*384, the launch allocation); the
+// gather producer holds 16 row pointers (this item's and the next's) and spills at 56.
 #include <cstdlib>
+#include <cstring>
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
@@ -27,13 +34,98 @@ namespace epmoe::kernels {
 namespace sm90 {
 
 #if EPMOE_SM90A_DEVICE
-__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+inline constexpr int kProducerThreads = 128;
+// Stages a producer thread keeps in flight before it signals the oldest one full: the signal needs
+// the copies complete (cp.async.wait_group) and fenced for the async proxy that wgmma reads through.
+// Must be < kStages (the producer waits on an empty slot that the consumers free only after the
+// slot kStages uses back was signalled); 2 leaves the consumers one stage of slack.
+inline constexpr int kGatherLag = 2;
+static_assert(kGatherLag >= 1 && kGatherLag < kStages, "gather lag must be in [1, kStages)");
+
+// Producer warpgroup in gather mode (all 128 threads): the A tile is gathered straight from the
+// token-ordered x by cp.async (row pair_row[r], zero rows for padding), written in the same 128B-
+// swizzled layout the TMA would produce; thread 0 also issues the W1 TMA. Thread t copies 16-byte
+// chunk t % 8 of rows t / 8 + 16 i (i < 8) of the 128 x 64 tile, so a warp covers 4 whole 128-byte
+// row slices per instruction and every row of a thread has the same swizzle phase (row % 8).
+__device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const int64_t* __restrict__ padded_offsets,
+                                                 int experts, int hidden, int ffn, int w1_folded,
+                                                 const __nv_bfloat16* __restrict__ x, int64_t x_rows,
+                                                 const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
+                                                 uint32_t full0, uint32_t empty0, int64_t total, int nj) {
+  const int t = int(threadIdx.x);  // 0..127
+  const int chunk = t & 7, rg = t >> 3;
+  const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
+  const __nv_bfloat16* xc = x + chunk * 8;
+  const int num_k = hidden / kBK;
+  if (t == 0) tma_prefetch_desc(&tm_w1);
+  grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
+
+  // Source rows of an item's tile for this thread; bit i of the mask: row i is real (else zeros).
+  auto load_rows = [&](int64_t w, const __nv_bfloat16* (&src)[8], uint32_t& valid) {
+    valid = 0;
+    const int64_t m0 = w / nj * kBM;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      int32_t r = -1;
+      if (m0 < total) r = pair_row[m0 + rg + 16 * i];
+      const bool ok = r >= 0 && int64_t(r) < x_rows;
+      src[i] = xc + (ok ? int64_t(r) * hidden : 0);
+      valid |= ok ? (1u << i) : 0u;
+    }
+  };
+
+  const __nv_bfloat16* src[8];
+  uint32_t valid;
+  load_rows(blockIdx.x, src, valid);
+  uint32_t it = 0;
+  for (int64_t w = blockIdx.x;; w += gridDim.x) {
+    const int64_t m0 = w / nj * kBM;
+    if (m0 >= total) break;
+    const int j = int(w % nj);
+    const int e = expert_of_tile(padded_offsets, experts, m0);  // whole warp
+    const __nv_bfloat16* nsrc[8];
+    uint32_t nvalid;
+    load_rows(w + gridDim.x, nsrc, nvalid);
+    for (int kt = 0; kt < num_k; ++kt, ++it) {
+      const uint32_t s = it % kStages;
+      if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+      const uint32_t full = full0 + 8 * s;
+      if (t == 0) {
+        mbar_arrive_expect_tx(full, kBTileBytes);
+        if (w1_folded) {
+          tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * e, j);
+        } else {
+          tma_load_3d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 128 * j, e);
+          tma_load_3d(sB + s * kBTileBytes + kBTileBytes / 2, &tm_w1, full, kt * kBK, ffn + 128 * j, e);
+        }
+      }
+      const uint32_t dst = a_dst + s * kATileBytes;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        cp_async_16_zfill(dst + uint32_t(i) * 16 * 128, src[i] + kt * kBK,
+                          (valid >> i) & 1u ? 16u : 0u);
+      cp_async_commit();
+      if (it >= uint32_t(kGatherLag)) {
+        cp_async_wait<kGatherLag>();  // the group of use it - kGatherLag has landed
+        fence_proxy_async_shared();
+        mbar_arrive(full0 + 8 * ((it - kGatherLag) % kStages));
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) src[i] = nsrc[i];
+    valid = nvalid;
+  }
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  for (uint32_t u = it > uint32_t(kGatherLag) ? it - kGatherLag : 0; u < it; ++u) mbar_arrive(full0 + 8 * (u % kStages));
+}
 #endif
 
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
-                   int hidden, int ffn, int w1_folded) {
+                   int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
+                   const int32_t* __restrict__ pair_row) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
@@ -57,7 +149,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);                 // the producer's arrive.expect_tx (+ TMA bytes)
+      // TMA mode: the producer's arrive.expect_tx (+ TMA bytes). Gather mode: that, plus one arrival
+      // per producer thread once its cp.async rows of the stage have landed.
+      mbar_init(full0 + 8 * s, x != nullptr ? 1 + kProducerThreads : 1);
       mbar_init(empty0 + 8 * s, kConsumerWarps);   // lane 0 of each consumer warp
     }
     mbar_fence_init();
@@ -72,8 +166,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    setmaxnreg_dec<40>();
-    if (threadIdx.x < 32) {
+    setmaxnreg_dec<72>();
+    if (x != nullptr) {
+      produce_gathered(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB, full0,
+                       empty0, total, nj);
+    } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
         tma_prefetch_desc(&tm_w1);
@@ -104,7 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<216>();
     const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
     const int warp = int(threadIdx.x / 32) & 3;
     const int lane = int(threadIdx.x & 31);
@@ -163,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
-  (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded;
+  (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
+      (void)pair_row;
 #endif
 }
 
@@ -198,10 +296,19 @@ bool sm90_experts_supported(int device) {
   return attr.sharedSizeBytes >= 2 * sm90::kStages * sizeof(uint64_t);
 }
 
+bool sm90_fused_gather_enabled() {
+  const char* env = std::getenv("EPMOE_SM90_GATHER");
+  return env == nullptr || std::strcmp(env, "separate") != 0;
+}
+
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
   check_expert_problem(p, "sm90_up_launch");
-  const CUtensorMap tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kBM);
+  // Gather mode (p.x set): A rows come from x through cp.async and xs is not read; the xs map is
+  // then never used (a zero map is passed).
+  const bool gather = p.x != nullptr;
+  CUtensorMap tm_xs{};
+  if (!gather) tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kBM);
   // The folded rank-4 map (one box per stage) unless the driver rejects it or
   // EPMOE_SM90_W1_PLAIN=1 asks for the plain rank-3 map (two boxes per stage, same smem layout).
   const char* plain_env = std::getenv("EPMOE_SM90_W1_PLAIN");
@@ -212,8 +319,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const unsigned grid = sm90_grid(tiles * (p.ffn / 128), "sm90_up_launch");
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(sm90_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
-  sm90_up_kernel<<<grid, kThreads, kDynSmemBytes, s>>>(tm_xs, tm_w1, p.padded_offsets, p.act, p.experts,
-                                                                 p.hidden, p.ffn, folded ? 1 : 0);
+  sm90_up_kernel<<<grid, kThreads, kDynSmemBytes, s>>>(tm_xs, tm_w1, p.padded_offsets, p.act, p.experts, p.hidden,
+                                                       p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row);
   EPMOE_CUDA_CHECK_LAUNCH("sm90_up_kernel");
 }
 

@@ -4,7 +4,8 @@ grouped_mm baseline (launch/baseline_moe.py --json), for the seed region and the
 
   python3 launch/compare_experts.py OURS.json TORCH.json
 
-Ratios are torch_ms / ours_ms (speedup, > 1 means ours is faster). Shapes present in only one file
+Ratios are torch_ms / ours_ms (speedup, > 1 means ours is faster); 'x seed' is torch's seed region
+over our full layer. Shapes present in only one file
 are listed with '-' on the other side.
 """
 import json
@@ -40,7 +41,8 @@ def main():
     print(f"# torch: {td.get('impl', '?')} on {td.get('device', '?')} (torch {td.get('torch', '?')})")
     hdr = (f"{'E':>4} {'k':>2} {'hidden':>6} {'ffn':>5} {'T':>7} | "
            f"{'seed ours':>9} {'torch':>8} {'TF ours':>7} {'TF torch':>8} {'x':>5} | "
-           f"{'full ours':>9} {'torch':>8} {'TF ours':>7} {'TF torch':>8} {'x':>5}")
+           f"{'full ours':>9} {'torch':>8} {'TF ours':>7} {'TF torch':>8} {'x':>5} | "
+           f"{'x seed':>6}")
     print(hdr)
     print("-" * len(hdr))
     keys = sorted(set(ours) | set(torch_))
@@ -59,7 +61,9 @@ def main():
             if ratio:
                 geo[region].append(ratio)
             cols.append(f"{fmt(om, '9.4f')} {fmt(tm, '8.4f')} {fmt(otf, '7.1f')} {fmt(ttf, '8.1f')} {fmt(ratio, '5.2f')}")
-        print(f"{E:>4} {k:>2} {D:>6} {H:>5} {T:>7} | {cols[0]} | {cols[1]}")
+        # Our full layer against torch's seed region (the issue's second full-layer target).
+        fs = (t["seed"] / o["full"]) if (o and t and o["full"] and t["seed"]) else None
+        print(f"{E:>4} {k:>2} {D:>6} {H:>5} {T:>7} | {cols[0]} | {cols[1]} | {fmt(fs, '6.2f')}")
     for region, v in geo.items():
         if v:
             g = 1.0

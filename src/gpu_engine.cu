@@ -163,6 +163,7 @@ class GpuEngine final : public MoeLayer::Engine {
       case ExpertPath::cpu:
         EPMOE_FAIL(ErrorCode::invalid_argument, "expert_path cpu needs cpu weights; these are on cuda:", device_);
     }
+    fused_gather_ = path == ExpertPath::sm90 && kernels::sm90_fused_gather_enabled();
 
     const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
     try {
@@ -305,6 +306,7 @@ class GpuEngine final : public MoeLayer::Engine {
   DeviceBuffer fixed_;
   int64_t *d_status_ = nullptr, *d_send_rows_ = nullptr, *d_send_offsets_ = nullptr, *d_send_pairs_ = nullptr;
   int64_t *d_hdr_send_ = nullptr, *d_hdr_recv_ = nullptr, *d_expert_off_ = nullptr, *d_expert_cnt_ = nullptr;
+  bool fused_gather_ = false;   // sm90 path: the UP kernel gathers rows from recv_x_ (no xs_, no gather kernel)
   int32_t* d_error_ = nullptr;  // sticky expert-layout inconsistency flag, folded into the headers
   int64_t* h_hdr_ = nullptr;     // pinned [2, W, hw]: my send headers, then the received ones
   int64_t* h_hdr_up_ = nullptr;  // pinned [W, hw]: host-built headers (bad arguments)
@@ -466,7 +468,7 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
     recv_x_.ensure(size_t(R) * row_bytes);
     recv_meta_.ensure(size_t(R) * meta_bytes);
     combine_.ensure(size_t(R) * row_bytes);
-    xs_.ensure(size_t(P) * row_bytes);
+    if (!fused_gather_) xs_.ensure(size_t(P) * row_bytes);  // the sm90 UP kernel gathers from recv_x_ itself
     act_.ensure(size_t(P) * F * sizeof(bf16));
     pair_row_.ensure(size_t(P) * sizeof(int32_t));
     pair_weight_.ensure(size_t(P) * sizeof(float));
@@ -520,13 +522,19 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
       a.workspace = expert_ws_.as<void>();
       a.workspace_bytes = expert_ws_.bytes();
       kernels::expert_layout_launch(a, s);
-      kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), R, H, pair_row_.as<int32_t>(), d_expert_off_ + El, P,
-                                  xs_.as<__nv_bfloat16>(), s);
+      if (!fused_gather_)
+        kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), R, H, pair_row_.as<int32_t>(), d_expert_off_ + El, P,
+                                    xs_.as<__nv_bfloat16>(), s);
     }
     EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_zeroed_, 0));  // the experts reduce into the combine buffer
     if (P > 0) {
       kernels::ExpertProblem prob;
-      prob.xs = xs_.as<__nv_bfloat16>();
+      if (fused_gather_) {
+        prob.x = recv_x_.as<__nv_bfloat16>();
+        prob.x_rows = R;
+      } else {
+        prob.xs = xs_.as<__nv_bfloat16>();
+      }
       prob.padded_offsets = d_expert_off_;
       prob.pair_row = pair_row_.as<int32_t>();
       prob.pair_weight = pair_weight_.as<float>();

@@ -1,15 +1,18 @@
-// Single-GPU benchmark of the sm_90a split expert pipeline (gather -> UP -> DOWN), in the method of
+// Single-GPU benchmark of the sm_90a split expert pipeline, in the method of
 // shared/baselines/baseline_moe.py so the numbers line up with launch/baseline_moe.py:
-//   seed region = UP + DOWN (the seed's timed region: routing, sort, gather, scatter outside)
-//   full layer  = out zeroed on a side stream (event-ordered) + gather + UP + DOWN (PDL)
+//   seed region = UP + DOWN from a pre-gathered xs (the seed's timed region: routing, sort, gather,
+//                 scatter outside)
+//   full layer  = out zeroed on a side stream (event-ordered) + UP gathering its rows from x
+//                 (ExpertProblem::x, the engine's default) + DOWN (PDL)
+//   full, separate gather = the same with the gather_rows kernel writing xs before UP (A/B)
 // both captured in CUDA graphs, median of --iters replays, rotating among enough input sets that
 // the inputs of consecutive replays exceed the 60 MB L2. Each kernel is also timed alone (events,
 // median). FLOPs = 6 * T * k * hidden * ffn. Routing: softmax over N(0,1) logits, top-k,
 // renormalized. Correctness is checked once per shape on a few sampled tokens against
 // epmoe::reference_moe (fp64 host oracle).
 //
-//   epmoe_bench_experts [--shapes quick|full] [--iters N] [--json PATH] [--no-check]
-//                       [--zero-before-down]
+//   epmoe_bench_experts [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--json PATH]
+//                       [--no-check] [--zero-before-down]
 // --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
 // overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
 #include <cuda_runtime.h>
@@ -96,7 +99,7 @@ struct Shape {
 struct Result {
   Shape s;
   int sets = 1;
-  double seed_ms = 0, full_ms = 0, gather_ms = 0, up_ms = 0, down_ms = 0;
+  double seed_ms = 0, full_ms = 0, full_sep_ms = 0, gather_ms = 0, up_ms = 0, up_fused_ms = 0, down_ms = 0;
   double zero_ms = 0, full_serial_zero_ms = 0;  // the zeroing alone; the full layer with it serialized
   double max_rel_err = -1, rel_l2 = -1;
   int checked_tokens = 0;
@@ -168,6 +171,7 @@ Layout build_layout(const Routing& r, int64_t T, int k, int E) {
 
 struct Options {
   bool full = false;
+  std::vector<Shape> only;  // --shape E,k,hidden,ffn,T (repeatable): these instead of a list
   int iters = 50;
   std::string json;
   bool check = true;
@@ -209,9 +213,14 @@ Result run_shape(const Shape& sh, const Options& opt) {
   Dev act(size_t(cap) * F * 2), out(size_t(T) * H * 2);
   const int64_t* total = offs.as<int64_t>() + E;
 
-  auto problem = [&](int set) {
+  auto problem = [&](int set, bool fused = false) {
     ExpertProblem p;
-    p.xs = xsbuf[set].as<__nv_bfloat16>();
+    if (fused) {
+      p.x = xbuf[set].as<__nv_bfloat16>();
+      p.x_rows = T;
+    } else {
+      p.xs = xsbuf[set].as<__nv_bfloat16>();
+    }
     p.padded_offsets = offs.as<int64_t>();
     p.pair_row = prow.as<int32_t>();
     p.pair_weight = pw.as<float>();
@@ -236,14 +245,15 @@ Result run_shape(const Shape& sh, const Options& opt) {
   BCHECK(cudaEventCreate(&t0));
   BCHECK(cudaEventCreate(&t1));
 
-  // serial_zero: the zeroing on the main stream before the gather (no overlap), to measure what the
-  // side stream saves.
-  auto enqueue_full = [&](int set, bool serial_zero = false) {
-    const ExpertProblem p = problem(set);
+  // fused: UP gathers from x (no gather kernel). serial_zero: the zeroing on the main stream first
+  // (no overlap), to measure what the side stream saves.
+  auto enqueue_full = [&](int set, bool fused, bool serial_zero = false) {
+    const ExpertProblem p = problem(set, fused);
     if (serial_zero) {
       BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
-      epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
-                                         xsbuf[set].as<__nv_bfloat16>(), s);
+      if (!fused)
+        epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
+                                           xsbuf[set].as<__nv_bfloat16>(), s);
       epmoe::kernels::sm90_experts_launch(p, s);
       return;
     }
@@ -251,8 +261,9 @@ Result run_shape(const Shape& sh, const Options& opt) {
     BCHECK(cudaStreamWaitEvent(side, fork, 0));
     BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, side));
     BCHECK(cudaEventRecord(zeroed, side));
-    epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
-                                       xsbuf[set].as<__nv_bfloat16>(), s);
+    if (!fused)
+      epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
+                                         xsbuf[set].as<__nv_bfloat16>(), s);
     if (opt.zero_before_down) {
       epmoe::kernels::sm90_up_launch(p, s);
       BCHECK(cudaStreamWaitEvent(s, zeroed, 0));
@@ -310,13 +321,15 @@ Result run_shape(const Shape& sh, const Options& opt) {
                                        xsbuf[i].as<__nv_bfloat16>(), s);
   BCHECK(cudaStreamSynchronize(s));
 
-  std::vector<cudaGraphExec_t> full_g, seed_g, serial_g;
+  std::vector<cudaGraphExec_t> full_g, sep_g, seed_g, serial_g;
   for (int i = 0; i < sets; ++i) {
-    full_g.push_back(capture([&] { enqueue_full(i); }));
+    full_g.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
+    sep_g.push_back(capture([&] { enqueue_full(i, /*fused=*/false); }));
     seed_g.push_back(capture([&] { epmoe::kernels::sm90_experts_launch(problem(i), s); }));
-    serial_g.push_back(capture([&] { enqueue_full(i, /*serial_zero=*/true); }));
+    serial_g.push_back(capture([&] { enqueue_full(i, /*fused=*/true, /*serial_zero=*/true); }));
   }
   res.full_ms = time_graphs(full_g);
+  res.full_sep_ms = time_graphs(sep_g);
   res.seed_ms = time_graphs(seed_g);
   res.full_serial_zero_ms = time_graphs(serial_g);
   res.zero_ms = time_launch([&](int i) { BCHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
@@ -325,16 +338,15 @@ Result run_shape(const Shape& sh, const Options& opt) {
                                        xsbuf[i].as<__nv_bfloat16>(), s);
   });
   res.up_ms = time_launch([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
+  res.up_fused_ms = time_launch([&](int i) { epmoe::kernels::sm90_up_launch(problem(i, true), s); });
   res.down_ms = time_launch([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
   for (auto g : full_g) cudaGraphExecDestroy(g);
+  for (auto g : sep_g) cudaGraphExecDestroy(g);
   for (auto g : seed_g) cudaGraphExecDestroy(g);
   for (auto g : serial_g) cudaGraphExecDestroy(g);
 
-  // ---- correctness: one full layer on set 0, sampled tokens vs the reference ----
+  // ---- correctness: one full layer on set 0 per gather mode, sampled tokens vs the reference ----
   if (opt.check) {
-    BCHECK(cudaStreamSynchronize(s));
-    enqueue_full(0);
-    BCHECK(cudaStreamSynchronize(s));
     const double macs_per_token = 3.0 * k * double(H) * F;
     const int n = int(std::clamp(2e9 / macs_per_token, 4.0, 16.0));
     std::vector<int64_t> toks;
@@ -345,33 +357,43 @@ Result run_shape(const Shape& sh, const Options& opt) {
     std::vector<bf16> xh(size_t(n) * H);
     std::vector<int32_t> ids(size_t(n) * k);
     std::vector<float> wts(size_t(n) * k), ref(size_t(n) * H);
-    std::vector<uint16_t> y(size_t(n) * H);
     for (int i = 0; i < n; ++i) {
       for (int c = 0; c < H; ++c) xh[size_t(i) * H + c].bits = hash_bf16(1000, uint64_t(toks[i]) * H + c, 1.0f);
       for (int j = 0; j < k; ++j) {
         ids[size_t(i) * k + j] = rt.ids[size_t(toks[i]) * k + j];
         wts[size_t(i) * k + j] = rt.weights[size_t(toks[i]) * k + j];
       }
-      BCHECK(cudaMemcpy(&y[size_t(i) * H], out.as<uint16_t>() + size_t(toks[i]) * H, size_t(H) * 2,
-                        cudaMemcpyDeviceToHost));
     }
     epmoe::reference_moe(xh.data(), ids.data(), wts.data(), n, k, hw1.data(), hw2.data(), E, H, F, ref.data());
-    double e2 = 0, r2 = 0, worst = 0;
-    bool finite = true;
-    for (int i = 0; i < n; ++i) {
-      double rowmax = 0;
-      for (int c = 0; c < H; ++c) rowmax = std::max(rowmax, double(std::fabs(ref[size_t(i) * H + c])));
-      for (int c = 0; c < H; ++c) {
-        const double got = bf16::to_float(y[size_t(i) * H + c]), want = ref[size_t(i) * H + c];
-        if (!std::isfinite(got)) finite = false;
-        const double d = std::fabs(got - want);
-        e2 += d * d;
-        r2 += want * want;
-        if (rowmax > 0) worst = std::max(worst, d / rowmax);
+    res.max_rel_err = 0;
+    res.rel_l2 = 0;
+    for (const bool fused : {true, false}) {
+      BCHECK(cudaMemsetAsync(out.p, 0xff, out.bytes, s));  // poison: the layer must zero and fill it
+      BCHECK(cudaStreamSynchronize(s));
+      enqueue_full(0, fused);
+      BCHECK(cudaStreamSynchronize(s));
+      std::vector<uint16_t> y(size_t(n) * H);
+      for (int i = 0; i < n; ++i)
+        BCHECK(cudaMemcpy(&y[size_t(i) * H], out.as<uint16_t>() + size_t(toks[i]) * H, size_t(H) * 2,
+                          cudaMemcpyDeviceToHost));
+      double e2 = 0, r2 = 0, worst = 0;
+      bool finite = true;
+      for (int i = 0; i < n; ++i) {
+        double rowmax = 0;
+        for (int c = 0; c < H; ++c) rowmax = std::max(rowmax, double(std::fabs(ref[size_t(i) * H + c])));
+        for (int c = 0; c < H; ++c) {
+          const double got = bf16::to_float(y[size_t(i) * H + c]), want = ref[size_t(i) * H + c];
+          if (!std::isfinite(got)) finite = false;
+          const double d = std::fabs(got - want);
+          e2 += d * d;
+          r2 += want * want;
+          if (rowmax > 0) worst = std::max(worst, d / rowmax);
+        }
       }
+      // The worse of the two gather modes.
+      res.max_rel_err = finite ? std::max(res.max_rel_err, worst) : INFINITY;
+      res.rel_l2 = finite ? std::max(res.rel_l2, std::sqrt(e2 / std::max(r2, 1e-30))) : INFINITY;
     }
-    res.max_rel_err = finite ? worst : INFINITY;
-    res.rel_l2 = finite ? std::sqrt(e2 / std::max(r2, 1e-30)) : INFINITY;
     res.checked_tokens = n;
   }
 
@@ -396,11 +418,13 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
     std::fprintf(f,
                  "  {\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %lld, \"sets\": %d, "
                  "\"seed_ms\": %.6f, \"seed_tflops\": %.3f, \"full_ms\": %.6f, \"full_tflops\": %.3f, "
-                 "\"gather_ms\": %.6f, \"up_ms\": %.6f, \"down_ms\": %.6f, \"zero_ms\": %.6f, "
+                 "\"full_separate_gather_ms\": %.6f, \"gather_ms\": %.6f, \"up_ms\": %.6f, \"up_fused_gather_ms\": %.6f, "
+                 "\"down_ms\": %.6f, \"zero_ms\": %.6f, "
                  "\"full_serial_zero_ms\": %.6f, \"checked_tokens\": %d, "
                  "\"max_rel_err\": %.6g, \"rel_l2\": %.6g}%s\n",
                  r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
-                 tflops(r.s, r.full_ms), r.gather_ms, r.up_ms, r.down_ms, r.zero_ms, r.full_serial_zero_ms,
+                 tflops(r.s, r.full_ms), r.full_sep_ms, r.gather_ms, r.up_ms, r.up_fused_ms, r.down_ms, r.zero_ms,
+                 r.full_serial_zero_ms,
                  r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
                  i + 1 < rs.size() ? "," : "");
@@ -423,6 +447,14 @@ int main(int argc, char** argv) {
       const std::string v = next();
       if (v != "quick" && v != "full") throw std::runtime_error("--shapes quick|full");
       opt.full = v == "full";
+    } else if (a == "--shape") {
+      Shape sh{};
+      long long T = 0;
+      if (std::sscanf(next().c_str(), "%d,%d,%d,%d,%lld", &sh.E, &sh.k, &sh.hidden, &sh.ffn, &T) != 5 || T <= 0 ||
+          sh.E <= 0 || sh.k <= 0 || sh.k > sh.E || sh.hidden <= 0 || sh.ffn <= 0)
+        throw std::runtime_error("--shape E,k,hidden,ffn,T");
+      sh.T = T;
+      opt.only.push_back(sh);
     } else if (a == "--iters") {
       opt.iters = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--json") {
@@ -432,7 +464,9 @@ int main(int argc, char** argv) {
     } else if (a == "--zero-before-down") {
       opt.zero_before_down = true;
     } else if (a == "-h" || a == "--help") {
-      std::printf("usage: %s [--shapes quick|full] [--iters N] [--json PATH] [--no-check] [--zero-before-down]\n", argv[0]);
+      std::printf("usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--json PATH] [--no-check] "
+                  "[--zero-before-down]\n",
+                  argv[0]);
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -450,7 +484,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<Shape> shapes;
-    if (opt.full) {
+    if (!opt.only.empty()) {
+      shapes = opt.only;
+    } else if (opt.full) {
       for (int64_t T : {1024, 4096, 16384, 65536, 131072}) shapes.push_back({32, 4, 2048, 1024, T});
       for (int64_t T : {4096, 16384}) shapes.push_back({128, 8, 2048, 768, T});
       for (int64_t T : {2048, 8192}) shapes.push_back({32, 8, 7168, 2048, T});
@@ -460,19 +496,21 @@ int main(int argc, char** argv) {
     }
     std::printf("# epmoe sm_90a split pipeline on %s (%d SMs), %d iters, median; zeroing joined before %s\n", prop.name,
                 prop.multiProcessorCount, opt.iters, opt.zero_before_down ? "DOWN" : "UP");
+    std::printf("# full: UP gathers its rows (default); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
     std::printf("# zero ms: the output memset alone; serial ms: the full layer with it on the main stream (no overlap)\n");
-    std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %9s %9s | %8s %9s | %10s %9s\n", "E", "k", "hidden", "ffn",
-                "T", "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "gather ms", "up ms", "down ms", "zero ms", "serial ms",
-                "max_rel", "rel_l2");
+    std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %8s | %9s %9s %9s %9s | %8s %9s | %10s %9s\n", "E", "k",
+                "hidden", "ffn", "T", "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "sep ms", "TFLOP/s", "gather ms", "up ms",
+                "upG ms", "down ms", "zero ms", "serial ms", "max_rel", "rel_l2");
     std::vector<Result> rs;
     bool ok = true;
     for (const Shape& sh : shapes) {
       const Result r = run_shape(sh, opt);
       rs.push_back(r);
-      std::printf("  %4d %2d %6d %5d %7lld | %9.4f %8.1f | %9.4f %8.1f | %9.4f %9.4f %9.4f | %8.4f %9.4f | %10.3e %9.3e\n",
+      std::printf("  %4d %2d %6d %5d %7lld | %9.4f %8.1f | %9.4f %8.1f | %9.4f %8.1f | %9.4f %9.4f %9.4f %9.4f | %8.4f %9.4f | "
+                  "%10.3e %9.3e\n",
                   sh.E, sh.k, sh.hidden, sh.ffn, (long long)sh.T, r.seed_ms, tflops(sh, r.seed_ms), r.full_ms,
-                  tflops(sh, r.full_ms), r.gather_ms, r.up_ms, r.down_ms, r.zero_ms, r.full_serial_zero_ms, r.max_rel_err,
-                  r.rel_l2);
+                  tflops(sh, r.full_ms), r.full_sep_ms, tflops(sh, r.full_sep_ms), r.gather_ms, r.up_ms, r.up_fused_ms,
+                  r.down_ms, r.zero_ms, r.full_serial_zero_ms, r.max_rel_err, r.rel_l2);
       std::fflush(stdout);
       // Same bound as the test suite: 2k * 2^-8 of the row maximum, 1e-2 relative L2.
       if (opt.check && !(r.max_rel_err <= 2.0 * sh.k / 256.0 && r.rel_l2 < 1e-2)) ok = false;

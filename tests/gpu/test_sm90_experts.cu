@@ -1,5 +1,5 @@
-// The sm_90a split expert pipeline (gather_rows -> sm90 UP -> sm90 DOWN) against the dense
-// reference. Skips without a CUDA device or on a device that is not compute capability 9.0; fails
+// The sm_90a split expert pipeline (sm90 UP gathering its rows from x -> sm90 DOWN, or gather_rows
+// -> UP from xs -> DOWN in the SeparateGather cases) against the dense reference. Skips without a CUDA device or on a device that is not compute capability 9.0; fails
 // (does not skip) on a 9.0 device whose build lacks the sm_90a kernels.
 //
 // Routing and the expert layout are built on the host by this file's own simple code (pairs per
@@ -8,7 +8,7 @@
 // that the host recomputes for the tokens it checks, so large cases need no host copy of x.
 //
 // Checks per case:
-//  * gather: xs rows below padded_total bit-exact (x row or zeros), rows past it untouched (poison);
+//  * gather (separate mode): xs rows below padded_total bit-exact (x row or zeros), rows past it untouched (poison);
 //  * act (poisoned with 0xFFFF NaNs before UP): no NaN below padded_total, padding rows exactly 0,
 //    sampled rows against a host fp64 SwiGLU within 2^-7 relative + 1e-3 of the row RMS (bf16
 //    rounding of both sides, 1 ulp flips where the fp32 and fp64 sums straddle a boundary);
@@ -268,6 +268,9 @@ struct Case {
   int ref_tokens;          // tokens checked against reference_moe
   Mode mode = Mode::experts_launch;
   uint64_t seed = 1;
+  // true: the UP kernel gathers its rows from x (ExpertProblem::x, the engine's default);
+  // false: gather_rows writes xs first and UP reads xs by TMA.
+  bool fused_gather = true;
 };
 
 std::vector<bf16> host_x_row(uint64_t seed, int64_t t, int hidden) {
@@ -308,8 +311,9 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
     TCHECK(cudaStreamWaitEvent(side, fork, 0));
     TCHECK(cudaMemsetAsync(p.out, 0, out_bytes, side));
     TCHECK(cudaEventRecord(zeroed, side));
-    epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
-                                       const_cast<__nv_bfloat16*>(p.xs), s);
+    if (p.x == nullptr)
+      epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
+                                         const_cast<__nv_bfloat16*>(p.xs), s);
     TCHECK(cudaStreamWaitEvent(s, zeroed, 0));
     epmoe::kernels::sm90_experts_launch(p, s);
     TCHECK(cudaStreamEndCapture(s, &g));
@@ -325,8 +329,9 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
     return;
   }
   TCHECK(cudaMemset(p.out, 0, out_bytes));
-  epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
-                                     const_cast<__nv_bfloat16*>(p.xs), nullptr);
+  if (p.x == nullptr)
+    epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
+                                       const_cast<__nv_bfloat16*>(p.xs), nullptr);
   if (mode == Mode::experts_launch) {
     epmoe::kernels::sm90_experts_launch(p, nullptr);
   } else {
@@ -343,7 +348,8 @@ void run_case(const Case& cs) {
   REQUIRE_SM90();
   const uint64_t xseed = cs.seed * 1000 + 11;
   SCOPED_TRACE("E=" + std::to_string(E) + " k=" + std::to_string(k) + " hidden=" + std::to_string(H) +
-               " ffn=" + std::to_string(F) + " T=" + std::to_string(T));
+               " ffn=" + std::to_string(F) + " T=" + std::to_string(T) +
+               (cs.fused_gather ? " (UP gathers from x)" : " (gather_rows + UP from xs)"));
 
   // Weights (host, for the reference) scaled so gate/up and y are O(1).
   std::vector<bf16> w1(size_t(E) * 2 * F * H), w2(size_t(E) * H * F);
@@ -356,7 +362,7 @@ void run_case(const Case& cs) {
   const int64_t total = L.total();
   const int64_t cap = std::max<int64_t>(total + cs.extra_capacity, 1);
 
-  DevBuf<uint16_t> d_x(size_t(T) * H), d_w1(w1.size()), d_w2(w2.size()), d_xs(size_t(cap) * H),
+  DevBuf<uint16_t> d_x(size_t(T) * H), d_w1(w1.size()), d_w2(w2.size()), d_xs(cs.fused_gather ? 0 : size_t(cap) * H),
       d_act(size_t(cap) * F), d_out(size_t(T) * H);
   DevBuf<int64_t> d_offs{size_t(E) + 1};
   DevBuf<int32_t> d_prow{size_t(cap)};
@@ -373,13 +379,18 @@ void run_case(const Case& cs) {
     TCHECK(cudaMemcpy(d_prow.p, L.pair_row.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
     TCHECK(cudaMemcpy(d_pw.p, L.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
   }
-  TCHECK(cudaMemset(d_xs.p, 0xFF, d_xs.bytes()));    // bf16 0xFFFF = NaN
+  if (d_xs.p) TCHECK(cudaMemset(d_xs.p, 0xFF, d_xs.bytes()));  // bf16 0xFFFF = NaN
   TCHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));
   TCHECK(cudaMemset(d_out.p, 0xFF, d_out.bytes()));  // the pipeline zeroes it
   TCHECK(cudaDeviceSynchronize());
 
   ExpertProblem p;
-  p.xs = reinterpret_cast<const __nv_bfloat16*>(d_xs.p);
+  if (cs.fused_gather) {
+    p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
+    p.x_rows = T;
+  } else {
+    p.xs = reinterpret_cast<const __nv_bfloat16*>(d_xs.p);
+  }
   p.padded_offsets = d_offs.p;
   p.pair_row = d_prow.p;
   p.pair_weight = d_pw.p;
@@ -394,8 +405,8 @@ void run_case(const Case& cs) {
   p.ffn = F;
   run_pipeline(p, reinterpret_cast<const __nv_bfloat16*>(d_x.p), T, cs.mode);
 
-  // ---- gather: sampled rows (all when small) bit-exact; rows past the total untouched ----
-  {
+  // ---- gather (separate mode): sampled rows (all when small) bit-exact; rows past the total untouched ----
+  if (!cs.fused_gather) {
     const RowFetcher xsf(d_xs, H, total);
     const std::vector<int64_t> rows = sample_indices(total, xsf.bulk_mode ? int(total) : 256, 5);
     int64_t bad = 0;
@@ -606,6 +617,32 @@ TEST(Sm90Experts, GraphCaptured) {
   c.seed = 4;
   run_case(c);
 }
+// The gather_rows kernel + UP reading xs by TMA (EPMOE_SM90_GATHER=separate in the engine): the same
+// checks, plus the xs rows bit-exact.
+Case separate(Case c) {
+  c.fused_gather = false;
+  return c;
+}
+TEST(Sm90Experts, SeparateGatherSmallE4K2H256F256T64) { run_case(separate({4, 2, 256, 256, 64, Route::uniform, 0, 64})); }
+TEST(Sm90Experts, SeparateGatherUniformE32K4H2048F1024T4096) {
+  run_case(separate({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 48}));
+}
+TEST(Sm90Experts, SeparateGatherZipfE64K8H4096F768T1024) {
+  run_case(separate({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}));
+}
+TEST(Sm90Experts, SeparateGatherWithDropsE16K4H2048F1024T777) {
+  run_case(separate({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}));
+}
+TEST(Sm90Experts, SeparateGatherGraphCaptured) {
+  Case c{32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32};
+  c.mode = Mode::graph;
+  c.seed = 8;
+  run_case(separate(c));
+}
+TEST(Sm90Experts, SeparateGatherLargeTE16K2H256F256T65536) {
+  run_case(separate({16, 2, 256, 256, 65536, Route::uniform, 5000, 32}));
+}
+
 // One CTA per work item (EPMOE_SM90_PERSISTENT=0) instead of the persistent grid (one CTA per SM
 // looping over items): every loop runs once, the ring never wraps across items.
 TEST(Sm90Experts, NonPersistentGrid) {
@@ -634,6 +671,13 @@ TEST(Sm90Experts, Large64BitOffsets) {
   TCHECK(cudaMemGetInfo(&free_b, &total_b));
   if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
   run_case({2, 1, 7168, 128, 310000, Route::uniform, 0, 24});
+}
+TEST(Sm90Experts, Large64BitOffsetsSeparateGather) {
+  size_t free_b = 0, total_b = 0;
+  REQUIRE_SM90();
+  TCHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
+  run_case(separate({2, 1, 7168, 128, 310000, Route::uniform, 0, 24}));
 }
 
 }  // namespace
