@@ -6,8 +6,8 @@
 //                 (ExpertProblem::x, the engine's default) + DOWN (PDL)
 //   full, separate gather = the same with the gather_rows kernel writing xs before UP (A/B)
 // both captured in CUDA graphs, median of --iters replays, rotating among enough input sets that
-// the inputs of consecutive replays exceed the 60 MB L2. Each kernel is also timed alone (events,
-// median). FLOPs = 6 * T * k * hidden * ffn. Routing: softmax over N(0,1) logits, top-k,
+// the inputs of consecutive replays exceed the 60 MB L2. Each kernel is also timed alone (its own
+// graph, median of replays). FLOPs = 6 * T * k * hidden * ffn. Routing: softmax over N(0,1) logits, top-k,
 // renormalized. Correctness is checked once per shape on a few sampled tokens against
 // epmoe::reference_moe (fp64 host oracle).
 //
@@ -299,21 +299,6 @@ Result run_shape(const Shape& sh, const Options& opt) {
     }
     return median(ts);
   };
-  auto time_launch = [&](auto&& launch) {
-    for (int w = 0; w < 3; ++w) launch(w % sets);
-    BCHECK(cudaStreamSynchronize(s));
-    std::vector<float> ts;
-    for (int i = 0; i < opt.iters; ++i) {
-      BCHECK(cudaEventRecord(t0, s));
-      launch(i % sets);
-      BCHECK(cudaEventRecord(t1, s));
-      BCHECK(cudaEventSynchronize(t1));
-      float ms = 0;
-      BCHECK(cudaEventElapsedTime(&ms, t0, t1));
-      ts.push_back(ms);
-    }
-    return median(ts);
-  };
 
   // Fill every xs set once (the seed region reads xs as its input).
   for (int i = 0; i < sets; ++i)
@@ -332,14 +317,23 @@ Result run_shape(const Shape& sh, const Options& opt) {
   res.full_sep_ms = time_graphs(sep_g);
   res.seed_ms = time_graphs(seed_g);
   res.full_serial_zero_ms = time_graphs(serial_g);
-  res.zero_ms = time_launch([&](int i) { BCHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
-  res.gather_ms = time_launch([&](int i) {
+  // Each kernel alone, also as graph replays (a plain launch timed with events would include the
+  // host's launch work - tensor-map encoding - while the GPU idles).
+  auto time_alone = [&](auto&& launch) {
+    std::vector<cudaGraphExec_t> gs;
+    for (int i = 0; i < sets; ++i) gs.push_back(capture([&] { launch(i); }));
+    const double ms = time_graphs(gs);
+    for (auto g : gs) cudaGraphExecDestroy(g);
+    return ms;
+  };
+  res.zero_ms = time_alone([&](int i) { BCHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
+  res.gather_ms = time_alone([&](int i) {
     epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
                                        xsbuf[i].as<__nv_bfloat16>(), s);
   });
-  res.up_ms = time_launch([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
-  res.up_fused_ms = time_launch([&](int i) { epmoe::kernels::sm90_up_launch(problem(i, true), s); });
-  res.down_ms = time_launch([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
+  res.up_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
+  res.up_fused_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i, true), s); });
+  res.down_ms = time_alone([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
   for (auto g : full_g) cudaGraphExecDestroy(g);
   for (auto g : sep_g) cudaGraphExecDestroy(g);
   for (auto g : seed_g) cudaGraphExecDestroy(g);

@@ -207,17 +207,7 @@ void run_case(const EpCase& c, const std::shared_ptr<Communicator>& comm, Expert
 }
 
 EpCase gpu_case(int E, int k, int hidden, int ffn, int64_t T, RoutingKind routing, int focus = 0) {
-  EpCase c;
-  c.world = mpi_world();
-  c.E = E;
-  c.k = k;
-  c.hidden = hidden;
-  c.ffn = ffn;
-  c.tokens.assign(c.world, T);
-  c.routing = routing;
-  c.focus = focus;
-  c.seed = uint64_t(131 * E + k);
-  return c;
+  return make_ep_case(mpi_world(), E, k, hidden, ffn, T, routing, focus, uint64_t(131 * E + k));
 }
 
 TEST_F(ForwardMpiGpu, Uniform) {
