@@ -76,6 +76,43 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (!done);
 }
 
+// ---- 2-CTA thread-block clusters (both kernels' B-multicast variant) ----------------------------
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+// Linear id of this CTA's cluster and the number of clusters (1-D clusters in a 1-D grid).
+__device__ __forceinline__ uint32_t cluster_id_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ uint32_t nclusters_x() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
+  return r;
+}
+// shared::cluster address of the object at shared::cta address `addr` in cluster CTA `rank` (every
+// CTA of a kernel has the same smem layout, so this is the peer's copy of the same barrier).
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+// Arrive (count 1) on a peer CTA's mbarrier with the default semantics (release at CTA scope), as
+// CUTLASS's ClusterBarrier::arrive(cta_id). Enough for the empty barriers: an arrival only says that
+// this CTA's wgmma reads of a slot have completed (wgmma.wait_group), it publishes no data. The
+// .release.cluster form costs a MEMBAR per arrive in the wgmma issue path (measured 35-40% slower).
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+}
+// Every thread of every CTA of the cluster; release/acquire at cluster scope (also a CTA barrier).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+
 // ---- TMA (tile mode, completes on an mbarrier) --------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -98,6 +135,18 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];"
       ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Multicast form: the box lands at the same CTA-relative smem offset `dst` in every CTA of the
+// cluster whose bit is set in cta_mask, and each of them gets the complete_tx (the box's bytes) on
+// its own mbarrier at the CTA-relative offset `bar`.
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                                      int c1, int c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
       : "memory");
 }
 
@@ -260,6 +309,102 @@ __device__ __forceinline__ int expert_of_tile(const int64_t* __restrict__ padded
     count += __popc(__ballot_sync(0xffffffffu, le));
   }
   return count - 1;
+}
+
+// ---- work items shared by both kernels --------------------------------------------------------
+// Items cover (row unit) x (column block): nn column blocks per row unit. Single CTA (kCluster =
+// false): a row unit is one 128-row tile and CTA blockIdx.x takes items blockIdx.x, + gridDim.x, ...
+// 2-CTA cluster: a row unit is the PAIR of consecutive tiles 2p, 2p+1; cluster %clusterid takes items
+// %clusterid, + %nclusterid, ... and CTA rank r computes tile 2p + r. When both tiles of a pair lie
+// in one expert, both CTAs need the same weight tile (W1 / W2 rows of the column block) at every K
+// step: each loads one half and multicasts it into both (half the weight bytes from L2 per CTA). A
+// pair straddling an expert boundary loads the weights locally in each CTA. With an odd tile count
+// the last pair has no second tile: rank 1 runs the pipeline on its peer's rows (so both rings and
+// barrier phases stay in lock step) and writes nothing.
+//
+// Order: groups of `group` row units, column-block-major inside a group (unit fastest), so the CTAs
+// running at one time share few weight blocks (each read from HBM about once while the group's rows
+// stay in L2) instead of streaming an expert's whole weight matrix once per few tiles; group 1 is
+// plain tile-major order. Items are counted from padded_offsets[E] (units * nn), so every item below
+// the count is real and the first one at or past it ends a CTA's list.
+struct WorkGrid {
+  int64_t total;  // padded_offsets[E]: rows in use (a multiple of 128)
+  int64_t items;  // units * nn
+  int64_t units;  // tiles, or tile pairs
+  int nn;         // column blocks per unit
+  int group;      // units per group
+  uint32_t rank;  // cluster CTA rank (0 for single CTAs)
+};
+struct WorkItem {
+  bool valid;       // w < items
+  int64_t base;     // first row of the unit (this CTA's tile, or the pair's first tile)
+  int64_t m0;       // first row of this CTA's tile (>= total when !compute)
+  int64_t load_m0;  // row the A tile is loaded from: m0, or base when !compute
+  int nb;           // column block
+  bool compute;     // this CTA's tile has rows below the total: run the epilogue
+};
+template <bool kCluster>
+__device__ __forceinline__ WorkGrid make_work_grid(int nn, int64_t total, int group_tiles) {
+  WorkGrid g;
+  g.total = total;
+  g.nn = nn;
+  const int64_t tiles = total / kBM;
+  g.units = kCluster ? (tiles + 1) / 2 : tiles;
+  g.items = g.units * nn;
+  const int group = kCluster ? group_tiles / 2 : group_tiles;
+  g.group = group < 1 ? 1 : group;
+  g.rank = kCluster ? cluster_ctarank() : 0u;
+  return g;
+}
+template <bool kCluster>
+__device__ __forceinline__ int64_t work_first() {
+  if constexpr (kCluster) return int64_t(cluster_id_x());
+  else return int64_t(blockIdx.x);
+}
+template <bool kCluster>
+__device__ __forceinline__ int64_t work_stride() {
+  if constexpr (kCluster) return int64_t(nclusters_x());
+  else return int64_t(gridDim.x);
+}
+template <bool kCluster>
+__device__ __forceinline__ WorkItem work_item(int64_t w, const WorkGrid& g) {
+  WorkItem t;
+  t.valid = w < g.items;
+  if (!t.valid) {
+    t.base = t.m0 = t.load_m0 = g.total;
+    t.nb = 0;
+    t.compute = false;
+    return t;
+  }
+  const int64_t per_group = int64_t(g.group) * g.nn;
+  const int64_t gi = w / per_group;
+  const int64_t r = w - gi * per_group;
+  const int64_t first_unit = gi * g.group;
+  const int64_t left = g.units - first_unit;
+  const int gs = int(left < g.group ? left : g.group);  // units in this (possibly last, short) group
+  t.nb = int(r / gs);
+  const int64_t unit = first_unit + r % gs;
+  t.base = unit * (kCluster ? 2 : 1) * kBM;
+  t.m0 = t.base + (kCluster ? int64_t(g.rank) * kBM : 0);
+  t.compute = t.m0 < g.total;
+  t.load_m0 = t.compute ? t.m0 : t.base;
+  return t;
+}
+// Expert whose weights this CTA loads for a valid item, and whether the pair shares them
+// (multicast; always false for single CTAs). Whole warp.
+template <bool kCluster>
+__device__ __forceinline__ int work_expert(const int64_t* __restrict__ padded_offsets, int experts, const WorkItem& t,
+                                           const WorkGrid& g, bool& multicast) {
+  const int e0 = expert_of_tile(padded_offsets, experts, t.base);
+  multicast = false;
+  if constexpr (kCluster) {
+    if (t.base + kBM < g.total) {  // uniform: the pair has a second tile
+      const int e1 = expert_of_tile(padded_offsets, experts, t.base + kBM);
+      multicast = e0 == e1;
+      if (t.m0 != t.base) return e1;
+    }
+  }
+  return e0;
 }
 
 // First 1024-aligned shared-memory byte at or after p (alignment judged on the shared address).

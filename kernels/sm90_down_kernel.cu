@@ -24,20 +24,43 @@
 namespace epmoe::kernels {
 namespace sm90 {
 
+#if EPMOE_SM90A_DEVICE
+// Thread 0's W2 loads of one stage (kBTileBytes into dst, completing on `full`): one 256-row box,
+// or in the cluster variant (128-row map) both halves, or - in a multicasting pair - only this CTA's
+// half (rows n0 + 128 rank), which also lands in the peer.
+// When hidden % 256 == 128 the last block's upper half lies wholly past `hidden`: it is loaded from
+// rows n0 again (full box bytes, columns the epilogue skips) rather than from a box entirely out of
+// bounds.
+template <bool kCluster>
+__device__ __forceinline__ void load_w2_stage(const CUtensorMap* tm_w2, uint32_t full, uint32_t dst, int k0, int n0,
+                                              int hidden, int e, bool multicast, uint32_t rank) {
+  if constexpr (kCluster) {
+    const int n1 = n0 + 128 < hidden ? n0 + 128 : n0;
+    if (multicast) {
+      tma_load_3d_multicast(dst + rank * (kBTileBytes / 2), tm_w2, full, k0, rank != 0 ? n1 : n0, e, uint16_t(0x3));
+    } else {
+      tma_load_3d(dst, tm_w2, full, k0, n0, e);
+      tma_load_3d(dst + kBTileBytes / 2, tm_w2, full, k0, n1, e);
+    }
+  } else {
+    tma_load_3d(dst, tm_w2, full, k0, n0, e);
+  }
+}
+#endif
+
+template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                     int hidden, int ffn) {
+                     int hidden, int ffn, int group_tiles) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
 
-  // Work items w = tile * nn + nb (output columns [256nb, +256)), taken by CTA b as b, b + gridDim.x,
-  // ...; rows grow with w, so the first item at or past the total ends the CTA's list.
-  const int nn = (hidden + kBN - 1) / kBN;
-  const int64_t total = padded_offsets[experts];
-  if (int64_t(blockIdx.x) / nn * kBM >= total) return;  // no work: the whole CTA leaves
+  // Work items (see WorkItem in sm90_common.cuh): nn = ceil(hidden/256) output column blocks.
+  const WorkGrid grid = make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets[experts], group_tiles);
+  if (work_first<kCluster>() >= grid.items) return;  // no work (in a cluster: both CTAs alike)
 
   uint8_t* ring = align_1024(dyn_smem);
   const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16 (act)
@@ -49,20 +72,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, kConsumerWarps);
+      mbar_init(empty0 + 8 * s, kConsumerWarps * (kCluster ? 2 : 1));  // as in the UP kernel
     }
     mbar_fence_init();
   }
-  __syncthreads();
+  if constexpr (kCluster) cluster_sync();
+  else __syncthreads();
 
   const int wg = int(threadIdx.x / 128);
   const int num_k = ffn / kBK;
+  const int64_t stride = work_stride<kCluster>();
   // Ring accounting as in the UP kernel: use `it` (over all items) takes stage it % kStages, round
   // it / kStages.
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<56>();
     if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_act);
@@ -70,11 +95,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       uint32_t it = 0;
       bool first = true;
-      for (int64_t w = blockIdx.x;; w += gridDim.x) {
-        const int64_t m0 = w / nn * kBM;
-        if (m0 >= total) break;
-        const int n0 = int(w % nn) * kBN;
-        const int e = expert_of_tile(padded_offsets, experts, m0);  // whole warp
+      for (int64_t w = work_first<kCluster>();; w += stride) {
+        const WorkItem wi = work_item<kCluster>(w, grid);
+        if (!wi.valid) break;
+        const int n0 = wi.nb * kBN;
+        bool multicast;
+        const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
         if (threadIdx.x == 0) {
           int kt = 0;
           if (first) {
@@ -84,10 +110,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             const int npre = num_k < kStages ? num_k : kStages;  // uses 0..npre-1: no empty waits
             for (int p = 0; p < npre; ++p) {
               mbar_arrive_expect_tx(full0 + 8 * p, kStageBytes);
-              tma_load_3d(sB + p * kBTileBytes, &tm_w2, full0 + 8 * p, p * kBK, n0, e);
+              load_w2_stage<kCluster>(&tm_w2, full0 + 8 * p, sB + p * kBTileBytes, p * kBK, n0, hidden, e, multicast,
+                                      grid.rank);
             }
             grid_dependency_wait();  // act is complete and visible from here on
-            for (int p = 0; p < npre; ++p) tma_load_2d(sA + p * kATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(m0));
+            for (int p = 0; p < npre; ++p)
+              tma_load_2d(sA + p * kATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(wi.load_m0));
             kt = npre;
             it = uint32_t(npre);
             first = false;
@@ -97,36 +125,46 @@ __global__ void __launch_bounds__(kThreads, 1)
             if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
             const uint32_t full = full0 + 8 * s;
             mbar_arrive_expect_tx(full, kStageBytes);
-            tma_load_2d(sA + s * kATileBytes, &tm_act, full, kt * kBK, int(m0));
-            tma_load_3d(sB + s * kBTileBytes, &tm_w2, full, kt * kBK, n0, e);
+            tma_load_2d(sA + s * kATileBytes, &tm_act, full, kt * kBK, int(wi.load_m0));
+            load_w2_stage<kCluster>(&tm_w2, full, sB + s * kBTileBytes, kt * kBK, n0, hidden, e, multicast,
+                                    grid.rank);
           }
         }
       }
     }
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<232>();
+    setmaxnreg_inc<224>();
     const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
     const int warp = int(threadIdx.x / 32) & 3;
     const int lane = int(threadIdx.x & 31);
     const int q = lane & 3;
     const uint32_t a_off = uint32_t(c) * 64 * 128;
+    const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
+    auto release = [&](uint32_t s) {  // as in the UP kernel
+      if (lane == 0) {
+        mbar_arrive(empty0 + 8 * s);
+        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s);
+      }
+    };
 
     uint32_t it = 0;
-    for (int64_t w = blockIdx.x;; w += gridDim.x) {
-      const int64_t m0 = w / nn * kBM;
-      if (m0 >= total) break;
-      const int n0 = int(w % nn) * kBN;
+    for (int64_t w = work_first<kCluster>();; w += stride) {
+      const WorkItem wi = work_item<kCluster>(w, grid);
+      if (!wi.valid) break;
+      const int n0 = wi.nb * kBN;
 
       // This thread's two output rows: tile rows 64c + 16warp + lane/4 (+8). Loaded now, their
       // latency hides under the main loop (the layout was complete before the UP kernel started).
-      const int64_t row0 = m0 + c * 64 + warp * 16 + (lane >> 2);
-      int32_t prow[2];
-      float pw[2];
+      const int64_t row0 = wi.m0 + c * 64 + warp * 16 + (lane >> 2);
+      int32_t prow[2] = {-1, -1};
+      float pw[2] = {0.0f, 0.0f};
+      if (wi.compute) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        prow[h] = pair_row[row0 + 8 * h];
-        pw[h] = pair_weight[row0 + 8 * h];
+        for (int h = 0; h < 2; ++h) {
+          prow[h] = pair_row[row0 + 8 * h];
+          pw[h] = pair_weight[row0 + 8 * h];
+        }
       }
 
       float acc[128];
@@ -144,12 +182,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         if (kt > 0) {
           wgmma_wait<1>();
-          if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+          release((it - 1) % kStages);
         }
       }
       wgmma_wait<0>();
       fence_regs(acc);
-      if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));  // this item's last stage
+      release((it - 1) % kStages);  // this item's last stage
+      if (!wi.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
 
       // ---------------- epilogue: weighted bf16 reduction into out, 16 bytes per red ----------------
       grid_dependency_wait();  // (already satisfied: the producer waited before any act load)
@@ -175,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     grid_launch_dependents();
   }
+  if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn;
 #endif
@@ -185,25 +225,40 @@ __global__ void __launch_bounds__(kThreads, 1)
 void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
   check_expert_problem(p, "sm90_down_launch");
+  const bool cluster = sm90_down_uses_cluster();
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);
-  const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
+  // The cluster variant loads W2 in 128-row halves (one per CTA of a multicasting pair).
+  const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, cluster ? kBN / 2 : kBN);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
-  const unsigned grid = sm90_grid(tiles * ((p.hidden + kBN - 1) / kBN), "sm90_down_launch");
-  EPMOE_CUDA_CHECK(
-      cudaFuncSetAttribute(sm90_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
+  const int nn = (p.hidden + kBN - 1) / kBN;
+  auto kernel = cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>;
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
 
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
+  cfg.gridDim = dim3(cluster ? sm90_cluster_grid((tiles + 1) / 2 * nn, reinterpret_cast<const void*>(kernel),
+                                                 kDynSmemBytes, s, "sm90_down_launch")
+                             : sm90_grid(tiles * nn, "sm90_down_launch"));
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kDynSmemBytes;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
+  if (pdl) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  if (cluster) {
+    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
+    attr[n_attr].val.clusterDim.x = 2;
+    attr[n_attr].val.clusterDim.y = 1;
+    attr[n_attr].val.clusterDim.z = 1;
+    ++n_attr;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sm90_down_kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row,
-                                      p.pair_weight, p.out, p.experts, p.hidden, p.ffn));
+  cfg.numAttrs = n_attr;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out,
+                                      p.experts, p.hidden, p.ffn, sm90_group_tiles()));
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

@@ -17,6 +17,8 @@
 //   EPMOE_SM90_PERSISTENT=0  one CTA per work item instead of one per SM
 //   EPMOE_SM90_W1_PLAIN=1    UP loads W1 with two rank-3 boxes per stage instead of the folded
 //                            rank-4 box (also used automatically if the driver rejects the fold)
+//   EPMOE_SM90_CLUSTER=0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile (sm90_cluster_mode)
+//   EPMOE_SM90_GROUP=G       row tiles per scheduling group, column-block-major inside (1: tile-major)
 //   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
 //                            gather from x (sm90_fused_gather_enabled)
 #pragma once
@@ -32,6 +34,17 @@ bool sm90_experts_supported(int device);
 // Whether the UP kernel should gather its rows itself (ExpertProblem::x) instead of reading xs
 // written by gather_rows: true unless EPMOE_SM90_GATHER=separate (read at each call).
 bool sm90_fused_gather_enabled();
+
+// 2-CTA thread-block clusters that multicast the weight tile into two row tiles of one expert
+// (kernels/sm90_common.cuh, WorkItem). EPMOE_SM90_CLUSTER: 0 never; 1 both kernels; 2 DOWN, and UP
+// only when it reads xs by TMA (not when it gathers from x). Unset: the built-in default (see
+// sm90_tensor_maps.cu). Read at each call.
+int sm90_cluster_mode();
+bool sm90_up_uses_cluster(bool gather);
+bool sm90_down_uses_cluster();
+// Row tiles per scheduling group (WorkGrid in sm90_common.cuh; 1 = tile-major order):
+// EPMOE_SM90_GROUP, else the built-in default. Read at each call.
+int sm90_group_tiles();
 
 // xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);

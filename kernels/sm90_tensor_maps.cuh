@@ -2,6 +2,7 @@
 // All maps are bf16, 128-byte swizzle, 64-element (128 B) inner box, zero fill out of bounds.
 #pragma once
 #include <cuda.h>
+#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -40,4 +41,11 @@ void check_expert_problem(const ExpertProblem& p, const char* who);
 // multiprocessor of the current device, each looping over items b, b + grid, ... - unless
 // EPMOE_SM90_PERSISTENT=0, which launches one CTA per item (each loop then runs once).
 unsigned sm90_grid(int64_t items, const char* who);
+
+// Grid (in CTAs, a multiple of 2) for the cluster variant of `kernel` over `cluster_items` items:
+// persistent - as many clusters as fit on the device at once (cudaOccupancyMaxActiveClusters with
+// `dyn_smem`, cached per kernel and device; SMs / 2 while `stream` is capturing and nothing is cached)
+// - unless EPMOE_SM90_PERSISTENT=0 (one cluster per item).
+unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
+                           const char* who);
 }  // namespace epmoe::kernels::sm90

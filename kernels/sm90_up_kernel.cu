@@ -42,32 +42,51 @@ inline constexpr int kProducerThreads = 128;
 inline constexpr int kGatherLag = 2;
 static_assert(kGatherLag >= 1 && kGatherLag < kStages, "gather lag must be in [1, kStages)");
 
+// Thread 0's W1 loads of one stage (kBTileBytes into dst, completing on `full`): the folded rank-4
+// box, or the plain map's gate and up boxes; in a multicasting cluster pair only this CTA's half
+// (rank 0 gate, rank 1 up), which also lands in the peer.
+__device__ __forceinline__ void load_w1_stage(const CUtensorMap* tm_w1, uint32_t full, uint32_t dst, int k0, int e, int j,
+                                              int ffn, int w1_folded, bool multicast, uint32_t rank) {
+  if (multicast) {
+    tma_load_3d_multicast(dst + rank * (kBTileBytes / 2), tm_w1, full, k0, rank != 0 ? ffn + 128 * j : 128 * j, e,
+                          uint16_t(0x3));
+  } else if (w1_folded) {
+    tma_load_4d(dst, tm_w1, full, k0, 0, 2 * e, j);
+  } else {
+    tma_load_3d(dst, tm_w1, full, k0, 128 * j, e);
+    tma_load_3d(dst + kBTileBytes / 2, tm_w1, full, k0, ffn + 128 * j, e);
+  }
+}
+
 // Producer warpgroup in gather mode (all 128 threads): the A tile is gathered straight from the
 // token-ordered x by cp.async (row pair_row[r], zero rows for padding), written in the same 128B-
 // swizzled layout the TMA would produce; thread 0 also issues the W1 TMA. Thread t copies 16-byte
 // chunk t % 8 of rows t / 8 + 16 i (i < 8) of the 128 x 64 tile, so a warp covers 4 whole 128-byte
 // row slices per instruction and every row of a thread has the same swizzle phase (row % 8).
+// A cluster CTA without a tile (WorkItem::compute false) gathers zeros (its m0 is past the total).
+template <bool kCluster>
 __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const int64_t* __restrict__ padded_offsets,
                                                  int experts, int hidden, int ffn, int w1_folded,
                                                  const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                                                  const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
-                                                 uint32_t full0, uint32_t empty0, int64_t total, int nj) {
+                                                 uint32_t full0, uint32_t empty0, const WorkGrid& grid) {
   const int t = int(threadIdx.x);  // 0..127
   const int chunk = t & 7, rg = t >> 3;
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
   const __nv_bfloat16* xc = x + chunk * 8;
   const int num_k = hidden / kBK;
+  const int64_t stride = work_stride<kCluster>();
   if (t == 0) tma_prefetch_desc(&tm_w1);
   grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
 
   // Source rows of an item's tile for this thread; bit i of the mask: row i is real (else zeros).
   auto load_rows = [&](int64_t w, const __nv_bfloat16* (&src)[8], uint32_t& valid) {
     valid = 0;
-    const int64_t m0 = w / nj * kBM;
+    const int64_t m0 = work_item<kCluster>(w, grid).m0;  // >= total: no rows (idle rank, or past the end)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       int32_t r = -1;
-      if (m0 < total) r = pair_row[m0 + rg + 16 * i];
+      if (m0 < grid.total) r = pair_row[m0 + rg + 16 * i];
       const bool ok = r >= 0 && int64_t(r) < x_rows;
       src[i] = xc + (ok ? int64_t(r) * hidden : 0);
       valid |= ok ? (1u << i) : 0u;
@@ -76,28 +95,23 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
 
   const __nv_bfloat16* src[8];
   uint32_t valid;
-  load_rows(blockIdx.x, src, valid);
+  load_rows(work_first<kCluster>(), src, valid);
   uint32_t it = 0;
-  for (int64_t w = blockIdx.x;; w += gridDim.x) {
-    const int64_t m0 = w / nj * kBM;
-    if (m0 >= total) break;
-    const int j = int(w % nj);
-    const int e = expert_of_tile(padded_offsets, experts, m0);  // whole warp
+  for (int64_t w = work_first<kCluster>();; w += stride) {
+    const WorkItem wi = work_item<kCluster>(w, grid);
+    if (!wi.valid) break;
+    bool multicast;
+    const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
     const __nv_bfloat16* nsrc[8];
     uint32_t nvalid;
-    load_rows(w + gridDim.x, nsrc, nvalid);
+    load_rows(w + stride, nsrc, nvalid);
     for (int kt = 0; kt < num_k; ++kt, ++it) {
       const uint32_t s = it % kStages;
       if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
       const uint32_t full = full0 + 8 * s;
       if (t == 0) {
         mbar_arrive_expect_tx(full, kBTileBytes);
-        if (w1_folded) {
-          tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * e, j);
-        } else {
-          tma_load_3d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 128 * j, e);
-          tma_load_3d(sB + s * kBTileBytes + kBTileBytes / 2, &tm_w1, full, kt * kBK, ffn + 128 * j, e);
-        }
+        load_w1_stage(&tm_w1, full, sB + s * kBTileBytes, kt * kBK, e, wi.nb, ffn, w1_folded, multicast, grid.rank);
       }
       const uint32_t dst = a_dst + s * kATileBytes;
 #pragma unroll
@@ -121,20 +135,20 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
 }
 #endif
 
+template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
-                   const int32_t* __restrict__ pair_row) {
+                   const int32_t* __restrict__ pair_row, int group_tiles) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
 
-  // Work items w = tile * nj + j, taken by CTA b as b, b + gridDim.x, ...; rows grow with w, so the
-  // first item at or past the total ends the CTA's list.
-  const int nj = ffn / 128;
-  const int64_t total = padded_offsets[experts];
-  if (int64_t(blockIdx.x) / nj * kBM >= total) return;  // no work: the whole CTA leaves
+  // Work items (see WorkItem in sm90_common.cuh): nj = ffn/128 activation column blocks per tile.
+  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets[experts], group_tiles);
+  // No work: the whole CTA leaves (in a cluster both CTAs alike, before any cross-CTA traffic).
+  if (work_first<kCluster>() >= grid.items) return;
   // Let the DOWN grid (PDL) launch once every UP CTA has started: its CTAs can then take SMs that
   // the UP tail leaves idle and run their prologue there. This orders nothing: DOWN reads act only
   // after griddepcontrol.wait, which waits for this whole grid to complete and flush.
@@ -150,16 +164,21 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       // TMA mode: the producer's arrive.expect_tx (+ TMA bytes). Gather mode: that, plus one arrival
-      // per producer thread once its cp.async rows of the stage have landed.
+      // per producer thread once its cp.async rows of the stage have landed. In a cluster the stage's
+      // bytes may come partly from the peer's multicast; its complete_tx can land before the local
+      // expect_tx (the pending arrival keeps the phase open) but never a round early: the peer
+      // refills slot s only after this CTA's consumers released it (empty[s] counts both CTAs).
       mbar_init(full0 + 8 * s, x != nullptr ? 1 + kProducerThreads : 1);
-      mbar_init(empty0 + 8 * s, kConsumerWarps);   // lane 0 of each consumer warp
+      mbar_init(empty0 + 8 * s, kConsumerWarps * (kCluster ? 2 : 1));  // lane 0 of each consumer warp
     }
     mbar_fence_init();
   }
-  __syncthreads();
+  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialized before any multicast
+  else __syncthreads();
 
   const int wg = int(threadIdx.x / 128);
   const int num_k = hidden / kBK;
+  const int64_t stride = work_stride<kCluster>();
   // The ring runs on across items: use number `it` (counted over all items of this CTA) takes stage
   // it % kStages in round it / kStages; full[s] completes once per round (parity round & 1), and
   // empty[s] completes once per round when the consumers release it.
@@ -168,8 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer ----------------
     setmaxnreg_dec<72>();
     if (x != nullptr) {
-      produce_gathered(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB, full0,
-                       empty0, total, nj);
+      produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
+                                 full0, empty0, grid);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -177,24 +196,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         grid_dependency_wait();  // xs comes from the previous kernel (no-op unless PDL-launched)
       }
       uint32_t it = 0;
-      for (int64_t w = blockIdx.x;; w += gridDim.x) {
-        const int64_t m0 = w / nj * kBM;
-        if (m0 >= total) break;
-        const int j = int(w % nj);
-        const int e = expert_of_tile(padded_offsets, experts, m0);  // whole warp
+      for (int64_t w = work_first<kCluster>();; w += stride) {
+        const WorkItem wi = work_item<kCluster>(w, grid);
+        if (!wi.valid) break;
+        bool multicast;
+        const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
         if (threadIdx.x == 0) {
           for (int kt = 0; kt < num_k; ++kt, ++it) {
             const uint32_t s = it % kStages;
             if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
             const uint32_t full = full0 + 8 * s;
             mbar_arrive_expect_tx(full, kStageBytes);
-            tma_load_2d(sA + s * kATileBytes, &tm_xs, full, kt * kBK, int(m0));
-            if (w1_folded) {
-              tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * e, j);
-            } else {  // plain rank-3 map: gate half, then up half (same smem layout)
-              tma_load_3d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 128 * j, e);
-              tma_load_3d(sB + s * kBTileBytes + kBTileBytes / 2, &tm_w1, full, kt * kBK, ffn + 128 * j, e);
-            }
+            tma_load_2d(sA + s * kATileBytes, &tm_xs, full, kt * kBK, int(wi.load_m0));
+            load_w1_stage(&tm_w1, full, sB + s * kBTileBytes, kt * kBK, e, wi.nb, ffn, w1_folded, multicast,
+                          grid.rank);
           }
         }
       }
@@ -207,12 +222,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int lane = int(threadIdx.x & 31);
     const int q = lane & 3;
     const uint32_t a_off = uint32_t(c) * 64 * 128;  // 64 rows x 128 B: a multiple of the 1024 B atom
+    const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
+    // Slot release: this CTA's producer, and in a cluster the peer's too (its multicast writes here).
+    auto release = [&](uint32_t s) {
+      if (lane == 0) {
+        mbar_arrive(empty0 + 8 * s);
+        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s);
+      }
+    };
 
     uint32_t it = 0;
-    for (int64_t w = blockIdx.x;; w += gridDim.x) {
-      const int64_t m0 = w / nj * kBM;
-      if (m0 >= total) break;
-      const int j = int(w % nj);
+    for (int64_t w = work_first<kCluster>();; w += stride) {
+      const WorkItem wi = work_item<kCluster>(w, grid);
+      if (!wi.valid) break;
+      const int j = wi.nb;
 
       float acc[128];
 #pragma unroll
@@ -229,16 +252,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
         if (kt > 0) {
           wgmma_wait<1>();  // the group of use it-1 is done: its stage may be refilled
-          if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+          release((it - 1) % kStages);
         }
       }
       wgmma_wait<0>();
       fence_regs(acc);
-      if (lane == 0) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));  // this item's last stage
+      release((it - 1) % kStages);  // this item's last stage
+      if (!wi.compute) continue;     // cluster rank 1 without a tile: nothing to write
 
       // ---------------- epilogue: SwiGLU, 16-byte stores of act ----------------
       // (the producer is already filling the ring with the next item's first stages)
-      const int64_t row0 = m0 + c * 64 + warp * 16 + (lane >> 2);
+      const int64_t row0 = wi.m0 + c * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows row0 and row0 + 8
         __nv_bfloat16* dst = act + (row0 + 8 * h) * int64_t(ffn) + int64_t(j) * 128 + 8 * q;
@@ -258,6 +282,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
+  // No CTA of a cluster exits while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (kCluster) cluster_sync();
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
@@ -285,7 +311,7 @@ bool sm90_experts_supported(int device) {
     return false;
   }
   cudaFuncAttributes attr{};
-  const cudaError_t err = cudaFuncGetAttributes(&attr, sm90::sm90_up_kernel);
+  const cudaError_t err = cudaFuncGetAttributes(&attr, sm90::sm90_up_kernel<false>);
   if (prev != device) (void)cudaSetDevice(prev);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
@@ -311,17 +337,34 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   if (!gather) tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kBM);
   // The folded rank-4 map (one box per stage) unless the driver rejects it or
   // EPMOE_SM90_W1_PLAIN=1 asks for the plain rank-3 map (two boxes per stage, same smem layout).
+  // The cluster variant always uses the plain map: each CTA of a pair multicasts one of its boxes.
+  const bool cluster = sm90_up_uses_cluster(gather);
   const char* plain_env = std::getenv("EPMOE_SM90_W1_PLAIN");
-  const bool force_plain = plain_env != nullptr && plain_env[0] == '1';
+  const bool force_plain = cluster || (plain_env != nullptr && plain_env[0] == '1');
   CUtensorMap tm_w1;
   const bool folded = !force_plain && try_make_w1_folded_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1);
   if (!folded) tm_w1 = make_w1_plain_map(p.w1, p.experts, p.hidden, p.ffn);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
-  const unsigned grid = sm90_grid(tiles * (p.ffn / 128), "sm90_up_launch");
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(sm90_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
-  sm90_up_kernel<<<grid, kThreads, kDynSmemBytes, s>>>(tm_xs, tm_w1, p.padded_offsets, p.act, p.experts, p.hidden,
-                                                       p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row);
-  EPMOE_CUDA_CHECK_LAUNCH("sm90_up_kernel");
+  const int nj = p.ffn / 128;
+
+  auto kernel = cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>;
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(cluster ? sm90_cluster_grid((tiles + 1) / 2 * nj, reinterpret_cast<const void*>(kernel),
+                                                 kDynSmemBytes, s, "sm90_up_launch")
+                             : sm90_grid(tiles * nj, "sm90_up_launch"));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = kDynSmemBytes;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = 2;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster ? 1 : 0;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_xs, tm_w1, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
+                                      folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles()));
 }
 
 }  // namespace epmoe::kernels

@@ -10,7 +10,7 @@ FLOPs = 6 * T * k * hidden * ffn. Inputs rotate among enough copies of x that co
 exceed the 60 MB L2 (like the C++ bench). Writes JSON (--json, default $OUT/baseline_moe.json)
 with the keys launch/compare_experts.py reads.
 
-  python3 launch/baseline_moe.py [--shapes quick|full] [--iters 50] [--json PATH] [--ceilings]
+  python3 launch/baseline_moe.py [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters 50] [--json PATH] [--ceilings]
 """
 import argparse
 import json
@@ -59,6 +59,8 @@ def bench_graph(fns, iters, warm=3):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", choices=["quick", "full"], default="quick")
+    ap.add_argument("--shape", action="append", default=[], metavar="E,k,hidden,ffn,T",
+                    help="run only these shapes (repeatable), as epmoe_bench_experts --shape")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "baseline_moe.json"))
     ap.add_argument("--ceilings", action="store_true", help="also measure dense bf16 GEMM and copy bandwidth")
@@ -81,7 +83,13 @@ def main():
 
     gmm = getattr(F, "grouped_mm", None) or torch._grouped_mm
     rows = []
-    for (E, k, D, H, Ts) in (FULL if args.shapes == "full" else QUICK):
+    groups = FULL if args.shapes == "full" else QUICK
+    if args.shape:
+        groups = []
+        for spec in args.shape:
+            E, k, D, H, T = (int(v) for v in spec.split(","))
+            groups.append((E, k, D, H, [T]))
+    for (E, k, D, H, Ts) in groups:
         w1 = torch.randn(E, 2 * H, D, device=dev, dtype=torch.bfloat16) * 0.02  # [E, N, K] output-major
         w2 = torch.randn(E, D, H, device=dev, dtype=torch.bfloat16) * 0.02
         w1t, w2t = w1.transpose(1, 2), w2.transpose(1, 2)

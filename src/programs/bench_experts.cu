@@ -405,8 +405,10 @@ double tflops(const Shape& s, double ms) { return ms > 0 ? 6.0 * double(s.T) * s
 void write_json(const std::string& path, const std::vector<Result>& rs, const char* device, bool zbd) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw std::runtime_error("cannot write " + path);
-  std::fprintf(f, "{\n \"impl\": \"epmoe_sm90_split\",\n \"device\": \"%s\",\n \"zero_before_down\": %s,\n \"moe\": [\n",
-               device, zbd ? "true" : "false");
+  std::fprintf(f,
+               "{\n \"impl\": \"epmoe_sm90_split\",\n \"device\": \"%s\",\n \"zero_before_down\": %s,\n"
+               " \"cluster_mode\": %d,\n \"group_tiles\": %d,\n \"moe\": [\n",
+               device, zbd ? "true" : "false", epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles());
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     std::fprintf(f,
@@ -491,6 +493,9 @@ int main(int argc, char** argv) {
     std::printf("# epmoe sm_90a split pipeline on %s (%d SMs), %d iters, median; zeroing joined before %s\n", prop.name,
                 prop.multiProcessorCount, opt.iters, opt.zero_before_down ? "DOWN" : "UP");
     std::printf("# full: UP gathers its rows (default); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
+    std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
+                "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group\n",
+                epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles());
     std::printf("# zero ms: the output memset alone; serial ms: the full layer with it on the main stream (no overlap)\n");
     std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %8s | %9s %9s %9s %9s | %8s %9s | %10s %9s\n", "E", "k",
                 "hidden", "ffn", "T", "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "sep ms", "TFLOP/s", "gather ms", "up ms",

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -664,6 +665,80 @@ TEST(Sm90Experts, PlainW1MapFallback) {
   c.seed = 5;
   run_case(c);
 }
+// ---- kernel variants: EPMOE_SM90_CLUSTER x EPMOE_SM90_GROUP -----------------------------------
+// The default (2-CTA clusters multicasting the weight tile, groups of 16 row tiles) runs every case
+// above. Pinned here: clusters (mode 1) on the cases that stress the tile pairing - one tile in all
+// (rank 1 idles), an odd tile count in one expert, pairs straddling expert boundaries (1-row and
+// empty experts, skew), a half-out-of-range last W2 block, many tiles, graph capture, no PDL, the
+// TMA (xs) A path, one cluster per item - with group sizes that leave short last groups; mode 2
+// (clusters in DOWN only while UP gathers); and the single-CTA kernels in tile-major order (mode 0,
+// group 1: the path before clusters and groups became the default).
+struct Variant {
+  const char* name;
+  const char* cluster;  // EPMOE_SM90_CLUSTER
+  const char* group;    // EPMOE_SM90_GROUP
+  Case c;
+};
+Case with(Case c, int seed, Mode mode = Mode::experts_launch) {
+  c.seed = uint64_t(seed);
+  c.mode = mode;
+  return c;
+}
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v = {
+      {"ClusterSmallE4K2H256F256T64", "1", "16", {4, 2, 256, 256, 64, Route::uniform, 0, 64}},
+      {"ClusterSeparateGatherSmallE4K2H256F256T64", "1", "16", separate({4, 2, 256, 256, 64, Route::uniform, 0, 64})},
+      {"ClusterOneTileE4K1H7168F2048T1", "1", "16", {4, 1, 7168, 2048, 1, Route::uniform, 130, 1}},
+      {"ClusterUniformE8K4H7168F2048T512", "1", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 11)},
+      {"ClusterUniformE32K4H2048F1024T4096", "1", "1",
+       with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 48}, 12)},
+      {"ClusterZipfE64K8H4096F768T1024", "1", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 13)},
+      {"ClusterSingleRowExpertsE16K1H4096F1024T12", "1", "16",
+       with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 14)},
+      // 1100 rows in one expert: 9 tiles, the last pair has no second tile.
+      {"ClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 15)},
+      {"ClusterOneExpertOddTilesGroup6E8K2H2048F768T1100", "1", "6",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 25)},
+      {"ClusterWithDropsE16K4H2048F1024T777", "1", "16", with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 16)},
+      {"ClusterHalfTileE4K2H640F768T300", "1", "16", with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 17)},
+      {"ClusterLargeTE16K2H256F256T65536", "1", "16", with({16, 2, 256, 256, 65536, Route::uniform, 5000, 32}, 18)},
+      {"ClusterSeparateGatherZipfE32K4H2048F1024T4096", "1", "16",
+       separate(with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 19))},
+      {"ClusterGraphCaptured", "1", "16", with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 20, Mode::graph)},
+      {"ClusterSeparateNoPdl", "1", "16",
+       with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 21, Mode::separate_no_pdl)},
+      {"ClusterMode2GraphCaptured", "2", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 31 * 128, 32}, 27, Mode::graph)},
+      {"ClusterMode2SeparateGatherE16K4H2048F1024T777", "2", "16",
+       separate(with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 32))},
+      {"SingleCtaSmallE4K2H256F256T64", "0", "1", {4, 2, 256, 256, 64, Route::uniform, 0, 64}},
+      {"SingleCtaUniformE32K4H2048F1024T4096", "0", "1",
+       with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 48}, 28)},
+      {"SingleCtaZipfE64K8H4096F768T1024", "0", "1", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 29)},
+      {"SingleCtaHalfTileE4K2H640F768T300", "0", "1", with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 30)},
+      {"SingleCtaSeparateGatherGraphCaptured", "0", "1",
+       separate(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 31, Mode::graph))},
+      {"SingleCtaGroup3ZipfE32K4H2048F1024T4096", "0", "3", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 23)},
+      {"SingleCtaGroup5UniformE8K4H7168F2048T512", "0", "5", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 24)},
+  };
+  return v;
+}
+void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
+class Sm90Variant : public ::testing::TestWithParam<Variant> {};
+TEST_P(Sm90Variant, MatchesReference) {
+  EnvGuard cluster("EPMOE_SM90_CLUSTER", GetParam().cluster);
+  EnvGuard group("EPMOE_SM90_GROUP", GetParam().group);
+  run_case(GetParam().c);
+}
+INSTANTIATE_TEST_SUITE_P(Sm90Experts, Sm90Variant, ::testing::ValuesIn(variants()),
+                         [](const ::testing::TestParamInfo<Variant>& info) { return std::string(info.param.name); });
+// One cluster per work item (no persistent loop).
+TEST(Sm90Experts, ClusterNonPersistentGrid) {
+  EnvGuard cluster("EPMOE_SM90_CLUSTER", "1");
+  EnvGuard persistent("EPMOE_SM90_PERSISTENT", "0");
+  run_case(with({32, 4, 2048, 1024, 4096, Route::zipf, 300, 32}, 22));
+}
+
 // Byte and element offsets past 2^31 in xs, act-free dims, and out: 310k rows of 7168.
 TEST(Sm90Experts, Large64BitOffsets) {
   size_t free_b = 0, total_b = 0;
