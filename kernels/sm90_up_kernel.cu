@@ -37,10 +37,12 @@ namespace sm90 {
 inline constexpr int kProducerThreads = 128;
 // Stages a producer thread keeps in flight before it signals the oldest one full: the signal needs
 // the copies complete (cp.async.wait_group) and fenced for the async proxy that wgmma reads through.
-// Must be < kStages (the producer waits on an empty slot that the consumers free only after the
-// slot kStages uses back was signalled); 2 leaves the consumers one stage of slack.
+// At most kStages - 2: before filling use u the producer waits for the release of use u - kStages,
+// which the consumers give only after their wgmma of use u - kStages + 1 is issued, i.e. after that
+// use was signalled full - at iteration u - kStages + 1 + lag, which must not be later than u - 1.
+// (Lag 3 with 4 stages deadlocks; measured: the bench hung.)
 inline constexpr int kGatherLag = 2;
-static_assert(kGatherLag >= 1 && kGatherLag < kStages, "gather lag must be in [1, kStages)");
+static_assert(kGatherLag >= 1 && kGatherLag <= kStages - 2, "gather lag must be in [1, kStages - 2]");
 
 // Thread 0's W1 loads of one stage (kBTileBytes into dst, completing on `full`): the folded rank-4
 // box, or the plain map's gate and up boxes; in a multicasting cluster pair only this CTA's half

@@ -688,6 +688,11 @@ const std::vector<Variant>& variants() {
   static const std::vector<Variant> v = {
       {"ClusterSmallE4K2H256F256T64", "1", "16", {4, 2, 256, 256, 64, Route::uniform, 0, 64}},
       {"ClusterSeparateGatherSmallE4K2H256F256T64", "1", "16", separate({4, 2, 256, 256, 64, Route::uniform, 0, 64})},
+      // Two experts of ~2 tiles each: pairs inside one expert, so the multicast path runs under the
+      // sanitizers too (the cases above pair tiles of different experts).
+      {"ClusterSmallMulticastE2K1H256F256T512", "1", "16", {2, 1, 256, 256, 512, Route::uniform, 0, 64}},
+      {"ClusterSeparateGatherSmallMulticastE2K1H256F256T512", "1", "16",
+       separate({2, 1, 256, 256, 512, Route::uniform, 0, 64})},
       {"ClusterOneTileE4K1H7168F2048T1", "1", "16", {4, 1, 7168, 2048, 1, Route::uniform, 130, 1}},
       {"ClusterUniformE8K4H7168F2048T512", "1", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 11)},
       {"ClusterUniformE32K4H2048F1024T4096", "1", "1",
