@@ -407,6 +407,24 @@ __device__ __forceinline__ int work_expert(const int64_t* __restrict__ padded_of
   return e0;
 }
 
+// The ring's barriers, set up by thread 0 before any use: full[s] expects `full_count` arrivals (plus
+// its TMA bytes), empty[s] one arrival per consumer warp - of both CTAs in a cluster, since the
+// peer's multicast writes into this CTA's ring. Then a CTA barrier, or a cluster barrier so that no
+// peer multicasts into or arrives on a barrier before it is initialized. All threads call it.
+template <bool kCluster>
+__device__ __forceinline__ void init_ring_barriers(uint32_t full0, uint32_t empty0, uint32_t full_count) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, full_count);
+      mbar_init(empty0 + 8 * s, kConsumerWarps * (kCluster ? 2 : 1));
+    }
+    mbar_fence_init();
+  }
+  if constexpr (kCluster) cluster_sync();
+  else __syncthreads();
+}
+
 // First 1024-aligned shared-memory byte at or after p (alignment judged on the shared address).
 __device__ __forceinline__ uint8_t* align_1024(uint8_t* p) {
   const uint32_t pad = (1024u - (smem_u32(p) & 1023u)) & 1023u;

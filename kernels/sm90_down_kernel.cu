@@ -3,9 +3,10 @@
 //   act[rows_capacity, ffn] bf16, w2[E, hidden, ffn] bf16, pair_row/pair_weight[rows_capacity]
 //   -> out[pair_row[r], n] += bf16(pair_weight[r] * (act[r] . w2[e, n]))   (red.global.add bf16x2)
 //
-// Work item w = tile * ceil(hidden/256) + nb: rows [128*tile, +128) (one expert's segment tile) and
-// output columns [256nb, 256nb + 256); K = ffn in steps of 64. Persistent grid, items taken as in
-// the UP kernel. A = act through a 2-D TMA map, B = W2 through a rank-3 map {ffn, hidden, E} (rows
+// Work item: rows [128*tile, +128) (one expert's segment tile) and output columns [256nb, +256),
+// nb < ceil(hidden/256); K = ffn in steps of 64. Persistent grid and item order as in the UP kernel
+// (WorkGrid); kCluster: pairs of tiles of one expert share W2 blocks, each CTA multicasting one
+// 128-row half. A = act through a 2-D TMA map, B = W2 through a rank-3 map {ffn, hidden, E} (rows
 // past `hidden` read as zero, so a last tile of 128 columns when hidden % 256 == 128 computes zeros
 // that the epilogue skips). Same 384-thread producer / 2-consumer structure and 4-stage ring as the
 // UP kernel. Epilogue: a quad transpose gives each thread 8 consecutive columns of one row, reduced
@@ -68,16 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full0 = smem_u32(&bars[0]);
   const uint32_t empty0 = smem_u32(&bars[kStages]);
 
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, kConsumerWarps * (kCluster ? 2 : 1));  // as in the UP kernel
-    }
-    mbar_fence_init();
-  }
-  if constexpr (kCluster) cluster_sync();
-  else __syncthreads();
+  init_ring_barriers<kCluster>(full0, empty0, 1);  // full: the producer's arrive.expect_tx
 
   const int wg = int(threadIdx.x / 128);
   const int num_k = ffn / kBK;

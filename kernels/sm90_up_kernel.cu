@@ -2,14 +2,17 @@
 //   xs[rows_capacity, hidden] bf16, w1[E, 2*ffn, hidden] bf16 -> act[rows_capacity, ffn] bf16
 //   act[r, c] = bf16(silu(g) * u), g = xs[r] . w1[e, c], u = xs[r] . w1[e, ffn + c] (fp32)
 //
-// Work item w = tile * (ffn/128) + j: xs rows [128*tile, +128), which lie in one expert's segment
-// (segments are multiples of 128), and activation columns [128j, 128j + 128). The grid is
-// persistent (one CTA per SM, CTA b takes items b, b + gridDim.x, ...; see sm90_grid) and the smem
-// ring runs on across items, so the producer fills the next item's stages during the epilogue.
+// Work item: xs rows [128*tile, +128), which lie in one expert's segment (segments are multiples of
+// 128), and activation columns [128j, 128j + 128), j < ffn/128. The grid is persistent (one CTA per
+// SM, or one 2-CTA cluster per SM pair) and walks the items in groups of row tiles, column-block-
+// major inside a group (WorkGrid / WorkItem in sm90_common.cuh); the smem ring runs on across
+// items, so the producer fills the next item's stages during the epilogue. kCluster: the two CTAs
+// of a cluster take consecutive tiles and, when both are in one expert, each multicasts one W1 half
+// (gate / up box of the plain map) into both rings.
 // Its B operand is 256 rows of W1 - gate rows [128j, +128) then up rows [ffn + 128j, +128) -
 // fetched with ONE folded rank-4 TMA box per K step (seed 000, Trick 1), so each gate column and
 // its up partner land in the same thread's accumulator registers and SwiGLU happens in registers.
-// Items are counted from rows_capacity; a CTA stops at its first item at or past padded_offsets[E].
+// The item count comes from padded_offsets[E] on the device (no host sync).
 //
 // Warp specialization, 384 threads: warpgroup 0 is the producer (one thread issues TMA into a
 // 4-stage ring of {A 128x64, B 256x64} bf16, 128B-swizzled, with a full and an empty mbarrier per
@@ -162,21 +165,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full0 = smem_u32(&bars[0]);           // full[s]  = full0 + 8 s
   const uint32_t empty0 = smem_u32(&bars[kStages]);    // empty[s] = empty0 + 8 s
 
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < kStages; ++s) {
-      // TMA mode: the producer's arrive.expect_tx (+ TMA bytes). Gather mode: that, plus one arrival
-      // per producer thread once its cp.async rows of the stage have landed. In a cluster the stage's
-      // bytes may come partly from the peer's multicast; its complete_tx can land before the local
-      // expect_tx (the pending arrival keeps the phase open) but never a round early: the peer
-      // refills slot s only after this CTA's consumers released it (empty[s] counts both CTAs).
-      mbar_init(full0 + 8 * s, x != nullptr ? 1 + kProducerThreads : 1);
-      mbar_init(empty0 + 8 * s, kConsumerWarps * (kCluster ? 2 : 1));  // lane 0 of each consumer warp
-    }
-    mbar_fence_init();
-  }
-  if constexpr (kCluster) cluster_sync();  // the peer's barriers are initialized before any multicast
-  else __syncthreads();
+  // full[s]: TMA mode, the producer's arrive.expect_tx (+ TMA bytes); gather mode, that plus one
+  // arrival per producer thread once its cp.async rows of the stage have landed. In a cluster the
+  // stage's bytes may come partly from the peer's multicast; its complete_tx can land before the
+  // local expect_tx (the pending arrival keeps the phase open) but never a round early: the peer
+  // refills slot s only after this CTA's consumers released it (empty[s] counts both CTAs).
+  init_ring_barriers<kCluster>(full0, empty0, x != nullptr ? 1 + kProducerThreads : 1);
 
   const int wg = int(threadIdx.x / 128);
   const int num_k = hidden / kBK;

@@ -177,6 +177,34 @@ ExpertLayout expert_layout(const int32_t* meta, int64_t rows, int k, int El, int
   return X;
 }
 
+ExpertLayout token_expert_layout(const int32_t* ids, const float* weights, int64_t T, int k, int E, int tile) {
+  EPMOE_CHECK(T >= 0 && k > 0 && E > 0 && tile > 0, ErrorCode::invalid_argument, "token_expert_layout: T=", T,
+              " k=", k, " E=", E, " tile=", tile);
+  ExpertLayout X;
+  X.experts_per_rank = E;
+  X.tile = tile;
+  X.expert_counts.assign(E, 0);
+  for (int64_t i = 0; i < T * k; ++i) {
+    const int32_t e = ids[i];
+    EPMOE_CHECK(e < E, ErrorCode::invalid_argument, "token_expert_layout: expert id ", e, " >= ", E, " at slot ", i);
+    if (e >= 0) ++X.expert_counts[e];
+  }
+  X.padded_offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) X.padded_offsets[e + 1] = X.padded_offsets[e] + round_up(X.expert_counts[e], tile);
+  X.pair_row.assign(X.padded_total(), -1);
+  X.pair_weight.assign(X.padded_total(), 0.f);
+  std::vector<int64_t> cursor(X.padded_offsets.begin(), X.padded_offsets.end() - 1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = ids[t * k + j];
+      if (e < 0) continue;
+      const int64_t i = cursor[e]++;
+      X.pair_row[i] = int32_t(t);
+      X.pair_weight[i] = weights[t * k + j];
+    }
+  return X;
+}
+
 void combine_reduce(const DispatchLayout& L, const bf16* returned, int hidden, bf16* y) {
   std::vector<float> acc(hidden);
   for (int64_t t = 0; t < L.num_tokens; ++t) {

@@ -91,6 +91,11 @@ struct ExpertLayout {
   int64_t padded_total() const { return padded_offsets.empty() ? 0 : padded_offsets.back(); }
 };
 ExpertLayout expert_layout(const int32_t* recv_meta, int64_t recv_rows, int top_k, int experts_per_rank, int tile);
+// The same for tokens that never left their rank (world 1, the local-expert benchmarks and tests):
+// pairs from the raw top-k of `num_tokens` tokens, pair_row = token index, token order inside each
+// expert. A slot with id < 0 is dropped wherever it appears; an id >= experts throws.
+ExpertLayout token_expert_layout(const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens, int top_k,
+                                 int experts, int tile);
 
 // Rounds n up to a multiple of tile (tile >= 1).
 inline int64_t round_up(int64_t n, int64_t tile) { return (n + tile - 1) / tile * tile; }

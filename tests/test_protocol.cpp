@@ -121,6 +121,42 @@ TEST(ExpertLayout, PaddedSegmentsInRowOrder) {
   EXPECT_EQ(X.pair_weight[6], 0.0f);
 }
 
+// The world-1 form agrees with expert_layout on the same pairs (meta rows built from the tokens'
+// top-k, compacted as dispatch_layout would), and drops a -1 slot wherever it sits.
+TEST(TokenExpertLayout, MatchesExpertLayoutAndDropsAnySlot) {
+  const int k = 3, E = 4, tile = 4;
+  const int32_t ids[] = {2, 0, 3,     // token 0
+                         -1, 2, -1,   // token 1: -1 before a real slot
+                         1, 2, 0,     // token 2
+                         -1, -1, -1,  // token 3: routed nowhere
+                         2, 3, -1};   // token 4
+  const float w[] = {0.5f, 0.25f, 0.25f, 0, 1.0f, 0, 0.125f, 0.375f, 0.5f, 0, 0, 0, 0.75f, 0.25f, 0};
+  const int64_t T = 5;
+  auto X = token_expert_layout(ids, w, T, k, E, tile);
+  const int mw = meta_words(k);
+  std::vector<int32_t> meta(T * mw, -1);
+  for (int64_t t = 0; t < T; ++t) {
+    int n = 0;
+    for (int j = 0; j < k; ++j)
+      if (ids[t * k + j] >= 0) {
+        meta[t * mw + 1 + n] = ids[t * k + j];
+        std::memcpy(&meta[t * mw + 1 + k + n], &w[t * k + j], 4);
+        ++n;
+      }
+  }
+  auto Y = expert_layout(meta.data(), T, k, E, tile);
+  EXPECT_EQ(X.expert_counts, (std::vector<int64_t>{2, 1, 4, 2}));
+  EXPECT_EQ(X.expert_counts, Y.expert_counts);
+  EXPECT_EQ(X.padded_offsets, (std::vector<int64_t>{0, 4, 8, 12, 16}));
+  EXPECT_EQ(X.padded_offsets, Y.padded_offsets);
+  EXPECT_EQ(X.pair_row, Y.pair_row);
+  EXPECT_EQ(X.pair_weight, Y.pair_weight);
+  EXPECT_EQ(X.pair_row, (std::vector<int32_t>{0, 2, -1, -1, 2, -1, -1, -1, 0, 1, 2, 4, 0, 4, -1, -1}));
+  EXPECT_EQ(X.pair_weight[9], 1.0f);
+  const int32_t bad[] = {0, 4, 1};
+  EXPECT_THROW(token_expert_layout(bad, w, 1, k, E, tile), Error);
+}
+
 TEST(CombineReduce, SumsInRankOrderAndZeroesDropped) {
   DispatchLayout L;
   L.world = 2;

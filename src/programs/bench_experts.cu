@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "epmoe/bf16.h"
+#include "ep_protocol.h"
 #include "epmoe/reference.h"
 #include "kernels/expert_problem.cuh"
 #include "kernels/gather_rows.cuh"
@@ -143,32 +144,6 @@ Routing softmax_topk_routing(int64_t T, int E, int k, uint64_t seed) {
   return r;
 }
 
-struct Layout {
-  std::vector<int64_t> offsets;
-  std::vector<int32_t> pair_row;
-  std::vector<float> pair_weight;
-};
-Layout build_layout(const Routing& r, int64_t T, int k, int E) {
-  Layout L;
-  std::vector<int64_t> count(E, 0);
-  for (int32_t e : r.ids)
-    if (e >= 0) ++count[e];
-  L.offsets.assign(E + 1, 0);
-  for (int e = 0; e < E; ++e) L.offsets[e + 1] = L.offsets[e] + (count[e] + kExpertTile - 1) / kExpertTile * kExpertTile;
-  L.pair_row.assign(size_t(L.offsets[E]), -1);
-  L.pair_weight.assign(size_t(L.offsets[E]), 0.0f);
-  std::vector<int64_t> cur(L.offsets.begin(), L.offsets.end() - 1);
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < k; ++j) {
-      const int e = r.ids[size_t(t) * k + j];
-      if (e < 0) continue;
-      const int64_t i = cur[e]++;
-      L.pair_row[size_t(i)] = int32_t(t);
-      L.pair_weight[size_t(i)] = r.weights[size_t(t) * k + j];
-    }
-  return L;
-}
-
 struct Options {
   bool full = false;
   std::vector<Shape> only;  // --shape E,k,hidden,ffn,T (repeatable): these instead of a list
@@ -189,11 +164,12 @@ Result run_shape(const Shape& sh, const Options& opt) {
   fill_hash(w1.as<uint16_t>(), int64_t(E) * 2 * F * H, 21, std::sqrt(3.0f / H));
   fill_hash(w2.as<uint16_t>(), int64_t(E) * H * F, 31, 2.0f * std::sqrt(3.0f / F));
   const Routing rt = softmax_topk_routing(T, E, k, 41 + uint64_t(T));
-  const Layout L = build_layout(rt, T, k, E);
+  const epmoe::protocol::ExpertLayout L =
+      epmoe::protocol::token_expert_layout(rt.ids.data(), rt.weights.data(), T, k, E, kExpertTile);
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
   const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
   Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
-  BCHECK(cudaMemcpy(offs.p, L.offsets.data(), L.offsets.size() * 8, cudaMemcpyHostToDevice));
+  BCHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
   BCHECK(cudaMemset(prow.p, 0xff, prow.bytes));
   BCHECK(cudaMemset(pw.p, 0, pw.bytes));
   BCHECK(cudaMemcpy(prow.p, L.pair_row.data(), L.pair_row.size() * 4, cudaMemcpyHostToDevice));

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "epmoe/bf16.h"
+#include "ep_protocol.h"
 #include "epmoe/reference.h"
 #include "kernels/expert_problem.cuh"
 #include "kernels/gather_rows.cuh"
@@ -209,35 +210,20 @@ Routing make_routing(int64_t T, int E, int k, Route kind, uint64_t seed) {
   return r;
 }
 
+// The token-order expert layout (src/ep_protocol, world 1) plus, host side only, each padded row's
+// expert.
 struct Layout {
-  std::vector<int64_t> offsets;  // [E + 1]
-  std::vector<int32_t> pair_row;
-  std::vector<float> pair_weight;
-  std::vector<int32_t> row_expert;  // host only: expert of each padded row
-  int64_t total() const { return offsets.back(); }
+  epmoe::protocol::ExpertLayout x;
+  std::vector<int32_t> row_expert;
+  int64_t total() const { return x.padded_total(); }
 };
 
 Layout build_layout(const Routing& r, int64_t T, int k, int E) {
   Layout L;
-  std::vector<int64_t> count(E, 0);
-  for (int32_t e : r.ids)
-    if (e >= 0) ++count[e];
-  L.offsets.assign(E + 1, 0);
-  for (int e = 0; e < E; ++e) L.offsets[e + 1] = L.offsets[e] + (count[e] + kExpertTile - 1) / kExpertTile * kExpertTile;
-  L.pair_row.assign(size_t(L.total()), -1);
-  L.pair_weight.assign(size_t(L.total()), 0.0f);
+  L.x = epmoe::protocol::token_expert_layout(r.ids.data(), r.weights.data(), T, k, E, kExpertTile);
   L.row_expert.assign(size_t(L.total()), -1);
-  std::vector<int64_t> cur(L.offsets.begin(), L.offsets.end() - 1);
   for (int e = 0; e < E; ++e)
-    for (int64_t i = L.offsets[e]; i < L.offsets[e + 1]; ++i) L.row_expert[size_t(i)] = e;
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < k; ++j) {
-      const int e = r.ids[size_t(t) * k + j];
-      if (e < 0) continue;
-      const int64_t i = cur[e]++;
-      L.pair_row[size_t(i)] = int32_t(t);
-      L.pair_weight[size_t(i)] = r.weights[size_t(t) * k + j];
-    }
+    for (int64_t i = L.x.padded_offsets[e]; i < L.x.padded_offsets[e + 1]; ++i) L.row_expert[size_t(i)] = e;
   return L;
 }
 
@@ -372,13 +358,13 @@ void run_case(const Case& cs) {
   TCHECK(cudaGetLastError());
   TCHECK(cudaMemcpy(d_w1.p, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
   TCHECK(cudaMemcpy(d_w2.p, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
-  d_offs.upload(L.offsets);
+  d_offs.upload(L.x.padded_offsets);
   // pair arrays past the total hold garbage on purpose: nothing may read them.
   TCHECK(cudaMemset(d_prow.p, 0x7f, d_prow.bytes()));
   TCHECK(cudaMemset(d_pw.p, 0x7f, d_pw.bytes()));
   if (total) {
-    TCHECK(cudaMemcpy(d_prow.p, L.pair_row.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
-    TCHECK(cudaMemcpy(d_pw.p, L.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
+    TCHECK(cudaMemcpy(d_prow.p, L.x.pair_row.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
+    TCHECK(cudaMemcpy(d_pw.p, L.x.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
   }
   if (d_xs.p) TCHECK(cudaMemset(d_xs.p, 0xFF, d_xs.bytes()));  // bf16 0xFFFF = NaN
   TCHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));
@@ -413,7 +399,7 @@ void run_case(const Case& cs) {
     int64_t bad = 0;
     for (int64_t r : rows) {
       const std::vector<uint16_t> got = xsf.row(r);
-      const int32_t src = L.pair_row[size_t(r)];
+      const int32_t src = L.x.pair_row[size_t(r)];
       std::vector<bf16> want = src >= 0 ? host_x_row(xseed, src, H) : std::vector<bf16>(H);
       for (int c = 0; c < H; ++c)
         if (got[c] != want[c].bits && bad++ < 5)
@@ -437,7 +423,7 @@ void run_case(const Case& cs) {
       for (int c = 0; c < F; ++c) {
         const float v = bf16::to_float(a[c]);
         if (std::isnan(v)) ++nan_count;
-        if (L.pair_row[size_t(r)] < 0 && a[c] != 0 && a[c] != 0x8000) ++pad_nonzero;
+        if (L.x.pair_row[size_t(r)] < 0 && a[c] != 0 && a[c] != 0x8000) ++pad_nonzero;
       }
     }
     EXPECT_EQ(nan_count, 0) << "act elements left unwritten (NaN poison) or NaN below padded_total";
@@ -446,12 +432,12 @@ void run_case(const Case& cs) {
     // numeric check on a few real rows
     std::vector<int64_t> real;
     for (int64_t r : sample_indices(total, 64, 9))
-      if (L.pair_row[size_t(r)] >= 0) real.push_back(r);
+      if (L.x.pair_row[size_t(r)] >= 0) real.push_back(r);
     if (real.size() > 8) real.resize(8);
     int64_t act_bad = 0;
     for (int64_t r : real) {
       const int e = L.row_expert[size_t(r)];
-      const std::vector<bf16> xr = host_x_row(xseed, L.pair_row[size_t(r)], H);
+      const std::vector<bf16> xr = host_x_row(xseed, L.x.pair_row[size_t(r)], H);
       const std::vector<uint16_t> a = actf.row(r);
       std::vector<double> ref(F);
       double ss = 0;
