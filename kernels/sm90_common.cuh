@@ -225,6 +225,11 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+// Arrive (without incrementing the pending count) on an mbarrier once all of this thread's prior
+// cp.async copies have completed: the copy engine signals, the thread goes on.
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 // Orders this thread's completed generic-proxy shared-memory writes (cp.async, st.shared) before
 // later async-proxy accesses (wgmma operand reads) that synchronize with it.
 __device__ __forceinline__ void fence_proxy_async_shared() {

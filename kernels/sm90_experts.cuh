@@ -19,6 +19,7 @@
 //                            rank-4 box (also used automatically if the driver rejects the fold)
 //   EPMOE_SM90_CLUSTER=0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile (sm90_cluster_mode)
 //   EPMOE_SM90_GROUP=G       row tiles per scheduling group, column-block-major inside (1: tile-major)
+//   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
 //                            gather from x (sm90_fused_gather_enabled)
 #pragma once
@@ -45,6 +46,11 @@ bool sm90_down_uses_cluster();
 // Row tiles per scheduling group (WorkGrid in sm90_common.cuh; 1 = tile-major order):
 // EPMOE_SM90_GROUP, else the built-in default. Read at each call.
 int sm90_group_tiles();
+// Gathering UP: each producer thread's cp.async copies signal the stage's full barrier themselves
+// (cp.async.mbarrier.arrive.noinc; consumers fence for the async proxy; the default, "async") instead
+// of the thread waiting for them two stages later (cp.async.wait_group, "wait"): the producer then
+// runs kStages - 1 stages ahead as in TMA mode. EPMOE_SM90_GATHER_ARRIVE=async|wait.
+bool sm90_gather_async_arrive();
 
 // xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);

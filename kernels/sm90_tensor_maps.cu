@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "kernels/cuda_check.cuh"
@@ -200,4 +201,12 @@ bool sm90_up_uses_cluster(bool gather) {
 }
 bool sm90_down_uses_cluster() { return sm90_cluster_mode() != 0; }
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
+bool sm90_gather_async_arrive() {
+  const char* env = std::getenv("EPMOE_SM90_GATHER_ARRIVE");
+  if (env == nullptr || env[0] == '\0') return true;
+  const std::string v(env);
+  EPMOE_CHECK(v == "async" || v == "wait", ErrorCode::invalid_argument,
+              "EPMOE_SM90_GATHER_ARRIVE must be async or wait, got '", v, "'");
+  return v == "async";
+}
 }  // namespace epmoe::kernels

@@ -38,6 +38,8 @@ namespace sm90 {
 
 #if EPMOE_SM90A_DEVICE
 inline constexpr int kProducerThreads = 128;
+// "wait" signalling (EPMOE_SM90_GATHER_ARRIVE=wait; the default "async" lets cp.async.mbarrier.arrive
+// signal each stage when its copies land, and the consumers take the proxy fence).
 // Stages a producer thread keeps in flight before it signals the oldest one full: the signal needs
 // the copies complete (cp.async.wait_group) and fenced for the async proxy that wgmma reads through.
 // At most kStages - 2: before filling use u the producer waits for the release of use u - kStages,
@@ -74,7 +76,8 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
                                                  int experts, int hidden, int ffn, int w1_folded,
                                                  const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                                                  const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
-                                                 uint32_t full0, uint32_t empty0, const WorkGrid& grid) {
+                                                 uint32_t full0, uint32_t empty0, const WorkGrid& grid,
+                                                 bool async_arrive) {
   const int t = int(threadIdx.x);  // 0..127
   const int chunk = t & 7, rg = t >> 3;
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
@@ -123,20 +126,27 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
       for (int i = 0; i < 8; ++i)
         cp_async_16_zfill(dst + uint32_t(i) * 16 * 128, src[i] + kt * kBK,
                           (valid >> i) & 1u ? 16u : 0u);
-      cp_async_commit();
-      if (it >= uint32_t(kGatherLag)) {
-        cp_async_wait<kGatherLag>();  // the group of use it - kGatherLag has landed
-        fence_proxy_async_shared();
-        mbar_arrive(full0 + 8 * ((it - kGatherLag) % kStages));
+      if (async_arrive) {
+        cp_async_mbar_arrive_noinc(full);  // full[s] hears of these copies when they land
+      } else {
+        cp_async_commit();
+        if (it >= uint32_t(kGatherLag)) {
+          cp_async_wait<kGatherLag>();  // the group of use it - kGatherLag has landed
+          fence_proxy_async_shared();
+          mbar_arrive(full0 + 8 * ((it - kGatherLag) % kStages));
+        }
       }
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) src[i] = nsrc[i];
     valid = nvalid;
   }
-  cp_async_wait<0>();
-  fence_proxy_async_shared();
-  for (uint32_t u = it > uint32_t(kGatherLag) ? it - kGatherLag : 0; u < it; ++u) mbar_arrive(full0 + 8 * (u % kStages));
+  if (!async_arrive) {
+    cp_async_wait<0>();
+    fence_proxy_async_shared();
+    for (uint32_t u = it > uint32_t(kGatherLag) ? it - kGatherLag : 0; u < it; ++u)
+      mbar_arrive(full0 + 8 * (u % kStages));
+  }
 }
 #endif
 
@@ -145,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
-                   const int32_t* __restrict__ pair_row, int group_tiles) {
+                   const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
@@ -184,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<72>();
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
-                                 full0, empty0, grid);
+                                 full0, empty0, grid, gather_async_arrive != 0);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -219,6 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int q = lane & 3;
     const uint32_t a_off = uint32_t(c) * 64 * 128;  // 64 rows x 128 B: a multiple of the 1024 B atom
     const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
+    const bool cp_fence = x != nullptr && gather_async_arrive != 0;
     // Slot release: this CTA's producer, and in a cluster the peer's too (its multicast writes here).
     auto release = [&](uint32_t s) {
       if (lane == 0) {
@@ -240,6 +251,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kt = 0; kt < num_k; ++kt, ++it) {
         const uint32_t s = it % kStages;
         mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
+        // Async-arrive gather: the rows were written by cp.async (generic proxy) and signalled by
+        // the copy engine, so the cross-proxy fence before wgmma's reads is taken here.
+        if (cp_fence) fence_proxy_async_shared();
         const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
         const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
         wgmma_fence();
@@ -283,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
-      (void)pair_row;
+      (void)pair_row, (void)group_tiles, (void)gather_async_arrive;
 #endif
 }
 
@@ -360,7 +374,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   cfg.attrs = attr;
   cfg.numAttrs = cluster ? 1 : 0;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_xs, tm_w1, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
-                                      folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles()));
+                                      folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(),
+                                      sm90_gather_async_arrive() ? 1 : 0));
 }
 
 }  // namespace epmoe::kernels

@@ -730,6 +730,22 @@ TEST(Sm90Experts, ClusterNonPersistentGrid) {
   run_case(with({32, 4, 2048, 1024, 4096, Route::zipf, 300, 32}, 22));
 }
 
+// The gathering producer's older signalling (EPMOE_SM90_GATHER_ARRIVE=wait: each thread waits for
+// its copies two stages later and arrives itself) on clusters and single CTAs.
+TEST(Sm90Experts, GatherArriveWaitSmallE4K2H256F256T64) {
+  EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
+  run_case({4, 2, 256, 256, 64, Route::uniform, 0, 64});
+}
+TEST(Sm90Experts, GatherArriveWaitZipfE32K4H2048F1024T4096) {
+  EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
+  run_case(with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 35));
+}
+TEST(Sm90Experts, GatherArriveWaitSingleCtaOneExpertE8K2H2048F768T1100) {
+  EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
+  EnvGuard cluster("EPMOE_SM90_CLUSTER", "0");
+  run_case(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 36));
+}
+
 // Byte and element offsets past 2^31 in xs, act-free dims, and out: 310k rows of 7168.
 TEST(Sm90Experts, Large64BitOffsets) {
   size_t free_b = 0, total_b = 0;
