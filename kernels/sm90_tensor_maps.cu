@@ -5,16 +5,9 @@
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <map>
 #include <mutex>
-#include <string>
-#include <utility>
 
 #include "kernels/cuda_check.cuh"
-#include "kernels/sm90_common.cuh"
-#include "kernels/sm90_experts.cuh"
 
 namespace epmoe::kernels::sm90 {
 namespace {
@@ -103,110 +96,4 @@ CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ff
   return encode(w2, 3, dims, strides, box, "w2 map");
 }
 
-void check_expert_problem(const ExpertProblem& p, const char* who) {
-  auto aligned = [](const void* q) { return q != nullptr && reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  EPMOE_CHECK(p.experts > 0, ErrorCode::invalid_argument, who, ": experts must be > 0, got ", p.experts);
-  EPMOE_CHECK(p.hidden > 0 && p.hidden % 128 == 0, ErrorCode::invalid_argument, who,
-              ": hidden must be a positive multiple of 128, got ", p.hidden);
-  EPMOE_CHECK(p.ffn > 0 && p.ffn % 128 == 0, ErrorCode::invalid_argument, who,
-              ": ffn must be a positive multiple of 128, got ", p.ffn);
-  EPMOE_CHECK(p.rows_capacity > 0 && p.rows_capacity < (int64_t(1) << 31), ErrorCode::invalid_argument, who,
-              ": rows_capacity must be in (0, 2^31), got ", p.rows_capacity);
-  EPMOE_CHECK(p.padded_offsets != nullptr && p.pair_row != nullptr && p.pair_weight != nullptr,
-              ErrorCode::invalid_argument, who, ": null layout pointer");
-  EPMOE_CHECK((p.x != nullptr ? aligned(p.x) : aligned(p.xs)) && aligned(p.w1) && aligned(p.w2) && aligned(p.act) &&
-                  aligned(p.out),
-              ErrorCode::invalid_argument, who,
-              ": xs (or x), w1, w2, act and out must be non-null and 16-byte aligned");
-  EPMOE_CHECK(p.x == nullptr || p.x_rows > 0, ErrorCode::invalid_argument, who, ": x given with x_rows = ", p.x_rows);
-}
-
-unsigned sm90_grid(int64_t items, const char* who) {
-  EPMOE_CHECK(items > 0 && items <= 0x7fffffff, ErrorCode::invalid_argument, who, ": work items out of range: ", items);
-  const char* env = std::getenv("EPMOE_SM90_PERSISTENT");
-  if (env != nullptr && env[0] == '0') return unsigned(items);
-  int dev = 0, sms = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return unsigned(std::min<int64_t>(items, std::max(sms, 1)));
-}
-
-unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
-                           const char* who) {
-  EPMOE_CHECK(cluster_items > 0 && cluster_items <= 0x3fffffff, ErrorCode::invalid_argument, who,
-              ": cluster work items out of range: ", cluster_items);
-  const char* env = std::getenv("EPMOE_SM90_PERSISTENT");
-  if (env != nullptr && env[0] == '0') return unsigned(2 * cluster_items);
-  int dev = 0, sms = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int>, int> cache;  // (kernel, device) -> active clusters
-  // Under stream capture the occupancy query is not made (it is not a stream operation, but keep
-  // captures free of anything that could invalidate them): one cluster per SM pair until a launch
-  // outside capture has asked. Too many clusters would only cost an extra wave, never correctness:
-  // no CTA waits on a cluster that is not yet resident.
-  int clusters = std::max(1, sms / 2);
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  EPMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto found = cache.find({kernel, dev});
-    if (found != cache.end()) {
-      clusters = found->second;
-    } else if (capturing == cudaStreamCaptureStatusNone) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(2);
-      cfg.blockDim = dim3(unsigned(kThreads));
-      cfg.dynamicSmemBytes = dyn_smem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 2;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
-      EPMOE_CHECK(clusters > 0, ErrorCode::unsupported, who, ": no 2-CTA cluster of this kernel fits on device ", dev);
-      cache[{kernel, dev}] = clusters;
-    }
-  }
-  return unsigned(2 * std::min<int64_t>(cluster_items, clusters));
-}
-
 }  // namespace epmoe::kernels::sm90
-
-namespace epmoe::kernels {
-namespace {
-int env_int(const char* name, int fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || env[0] == '\0') return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(env, &end, 10);
-  EPMOE_CHECK(end != env && *end == '\0' && v >= 0 && v <= 1 << 20, ErrorCode::invalid_argument, name,
-              " must be a non-negative integer, got '", env, "'");
-  return int(v);
-}
-}  // namespace
-
-// Defaults chosen from the same-run A/Bs in docs/PERF.md.
-int sm90_cluster_mode() {
-  const int mode = env_int("EPMOE_SM90_CLUSTER", 1);
-  EPMOE_CHECK(mode <= 2, ErrorCode::invalid_argument, "EPMOE_SM90_CLUSTER must be 0, 1 or 2, got ", mode);
-  return mode;
-}
-bool sm90_up_uses_cluster(bool gather) {
-  const int mode = sm90_cluster_mode();
-  return mode == 1 || (mode == 2 && !gather);
-}
-bool sm90_down_uses_cluster() { return sm90_cluster_mode() != 0; }
-int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
-bool sm90_gather_async_arrive() {
-  const char* env = std::getenv("EPMOE_SM90_GATHER_ARRIVE");
-  if (env == nullptr || env[0] == '\0') return true;
-  const std::string v(env);
-  EPMOE_CHECK(v == "async" || v == "wait", ErrorCode::invalid_argument,
-              "EPMOE_SM90_GATHER_ARRIVE must be async or wait, got '", v, "'");
-  return v == "async";
-}
-}  // namespace epmoe::kernels

@@ -2,7 +2,6 @@
 // All maps are bf16, 128-byte swizzle, 64-element (128 B) inner box, zero fill out of bounds.
 #pragma once
 #include <cuda.h>
-#include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -29,23 +28,4 @@ CUtensorMap make_w1_plain_map(const __nv_bfloat16* w1, int experts, int hidden, 
 // Rows past `hidden` within an expert read as zero (never the next expert's rows).
 CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn, int box_rows);
 
-}  // namespace epmoe::kernels::sm90
-
-#include "kernels/expert_problem.cuh"
-
-namespace epmoe::kernels::sm90 {
-// Throws Error(invalid_argument) unless p meets sm90_experts.cuh's requirements.
-void check_expert_problem(const ExpertProblem& p, const char* who);
-
-// Grid for `items` work items of the sm_90a kernels (one CTA per SM, 1-D): persistent - one CTA per
-// multiprocessor of the current device, each looping over items b, b + grid, ... - unless
-// EPMOE_SM90_PERSISTENT=0, which launches one CTA per item (each loop then runs once).
-unsigned sm90_grid(int64_t items, const char* who);
-
-// Grid (in CTAs, a multiple of 2) for the cluster variant of `kernel` over `cluster_items` items:
-// persistent - as many clusters as fit on the device at once (cudaOccupancyMaxActiveClusters with
-// `dyn_smem`, cached per kernel and device; SMs / 2 while `stream` is capturing and nothing is cached)
-// - unless EPMOE_SM90_PERSISTENT=0 (one cluster per item).
-unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
-                           const char* who);
 }  // namespace epmoe::kernels::sm90

@@ -31,6 +31,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_experts.cuh"
+#include "kernels/sm90_launch_config.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
 
 namespace epmoe::kernels {

@@ -1,0 +1,27 @@
+// Host-side launch heuristics and checks of the sm_90a split pipeline (the tier between the kernels
+// and the engine, as DeepGEMM keeps its heuristics apart from its kernels): problem validation,
+// persistent grid sizes, and the environment knobs declared in sm90_experts.cuh.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/expert_problem.cuh"
+
+namespace epmoe::kernels::sm90 {
+// Throws Error(invalid_argument) unless p meets sm90_experts.cuh's requirements.
+void check_expert_problem(const ExpertProblem& p, const char* who);
+
+// Grid for `items` work items of the sm_90a kernels (one CTA per SM, 1-D): persistent - one CTA per
+// multiprocessor of the current device, each looping over items b, b + grid, ... - unless
+// EPMOE_SM90_PERSISTENT=0, which launches one CTA per item (each loop then runs once).
+unsigned sm90_grid(int64_t items, const char* who);
+
+// Grid (in CTAs, a multiple of 2) for the cluster variant of `kernel` over `cluster_items` items:
+// persistent - as many clusters as fit on the device at once (cudaOccupancyMaxActiveClusters with
+// `dyn_smem`, cached per kernel and device; SMs / 2 while `stream` is capturing and nothing is cached)
+// - unless EPMOE_SM90_PERSISTENT=0 (one cluster per item).
+unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
+                           const char* who);
+}  // namespace epmoe::kernels::sm90

@@ -1,0 +1,154 @@
+// The sm_90a pipeline's host-side knobs and problem checks (kernels/sm90_launch_config.cuh): every
+// bad value is a clear invalid_argument error, never a silent fallback. Runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "epmoe/error.h"
+#include "kernels/expert_problem.cuh"
+#include "kernels/sm90_experts.cuh"
+#include "kernels/sm90_launch_config.cuh"
+
+namespace {
+
+using epmoe::kernels::sm90_cluster_mode;
+using epmoe::kernels::sm90_down_uses_cluster;
+using epmoe::kernels::sm90_gather_async_arrive;
+using epmoe::kernels::sm90_group_tiles;
+using epmoe::kernels::sm90_up_uses_cluster;
+
+// Sets (or, with nullptr, unsets) one variable for the scope.
+struct Env {
+  std::string name;
+  Env(const char* n, const char* v) : name(n) {
+    if (v) setenv(n, v, 1);
+    else unsetenv(n);
+  }
+  ~Env() { unsetenv(name.c_str()); }
+};
+
+epmoe::ErrorCode code_of(void (*f)()) {
+  try {
+    f();
+  } catch (const epmoe::Error& e) {
+    return e.code();
+  }
+  ADD_FAILURE() << "no epmoe::Error thrown";
+  return epmoe::ErrorCode::internal;
+}
+
+TEST(Sm90Knobs, ClusterModeDefaultsAndValues) {
+  {
+    Env e("EPMOE_SM90_CLUSTER", nullptr);
+    EXPECT_EQ(sm90_cluster_mode(), 1);
+    EXPECT_TRUE(sm90_up_uses_cluster(true));
+    EXPECT_TRUE(sm90_down_uses_cluster());
+  }
+  {
+    Env e("EPMOE_SM90_CLUSTER", "0");
+    EXPECT_FALSE(sm90_up_uses_cluster(false));
+    EXPECT_FALSE(sm90_down_uses_cluster());
+  }
+  {
+    Env e("EPMOE_SM90_CLUSTER", "2");  // DOWN always, UP only when it reads xs
+    EXPECT_FALSE(sm90_up_uses_cluster(true));
+    EXPECT_TRUE(sm90_up_uses_cluster(false));
+    EXPECT_TRUE(sm90_down_uses_cluster());
+  }
+  for (const char* bad : {"3", "-1", "one", "1x"}) {
+    Env e("EPMOE_SM90_CLUSTER", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_cluster_mode(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
+TEST(Sm90Knobs, GroupTiles) {
+  {
+    Env e("EPMOE_SM90_GROUP", nullptr);
+    EXPECT_EQ(sm90_group_tiles(), 16);
+  }
+  {
+    Env e("EPMOE_SM90_GROUP", "5");
+    EXPECT_EQ(sm90_group_tiles(), 5);
+  }
+  {
+    Env e("EPMOE_SM90_GROUP", "0");  // 0 and 1 both mean tile-major
+    EXPECT_EQ(sm90_group_tiles(), 1);
+  }
+  for (const char* bad : {"-4", "x", "16 ", "99999999"}) {
+    Env e("EPMOE_SM90_GROUP", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_group_tiles(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
+TEST(Sm90Knobs, GatherArrive) {
+  {
+    Env e("EPMOE_SM90_GATHER_ARRIVE", nullptr);
+    EXPECT_TRUE(sm90_gather_async_arrive());
+  }
+  {
+    Env e("EPMOE_SM90_GATHER_ARRIVE", "wait");
+    EXPECT_FALSE(sm90_gather_async_arrive());
+  }
+  Env e("EPMOE_SM90_GATHER_ARRIVE", "sync");
+  EXPECT_EQ(code_of([] { (void)sm90_gather_async_arrive(); }), epmoe::ErrorCode::invalid_argument);
+}
+
+// A problem that passes, then one field broken at a time.
+epmoe::kernels::ExpertProblem good_problem() {
+  alignas(16) static unsigned char buf[1024];
+  epmoe::kernels::ExpertProblem p;
+  auto* bf = reinterpret_cast<__nv_bfloat16*>(buf);
+  p.xs = bf;
+  p.w1 = bf;
+  p.w2 = bf;
+  p.act = bf;
+  p.out = bf;
+  p.padded_offsets = reinterpret_cast<const int64_t*>(buf);
+  p.pair_row = reinterpret_cast<const int32_t*>(buf);
+  p.pair_weight = reinterpret_cast<const float*>(buf);
+  p.rows_capacity = 256;
+  p.out_rows = 100;
+  p.experts = 4;
+  p.hidden = 256;
+  p.ffn = 384;
+  return p;
+}
+
+TEST(Sm90Knobs, ExpertProblemChecks) {
+  using epmoe::kernels::sm90::check_expert_problem;
+  EXPECT_NO_THROW(check_expert_problem(good_problem(), "test"));
+  auto expect_bad = [](epmoe::kernels::ExpertProblem p, const char* what) {
+    try {
+      check_expert_problem(p, "test");
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const epmoe::Error& e) {
+      EXPECT_EQ(e.code(), epmoe::ErrorCode::invalid_argument) << what;
+    }
+  };
+  auto p = good_problem();
+  p.hidden = 200;
+  expect_bad(p, "hidden % 128");
+  p = good_problem();
+  p.ffn = 0;
+  expect_bad(p, "ffn 0");
+  p = good_problem();
+  p.experts = 0;
+  expect_bad(p, "no experts");
+  p = good_problem();
+  p.rows_capacity = int64_t(1) << 31;
+  expect_bad(p, "rows_capacity 2^31");
+  p = good_problem();
+  p.pair_row = nullptr;
+  expect_bad(p, "null pair_row");
+  p = good_problem();
+  p.w2 = reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const unsigned char*>(p.w2) + 2);
+  expect_bad(p, "misaligned w2");
+  p = good_problem();
+  p.xs = nullptr;
+  p.x = p.w1;
+  p.x_rows = 0;
+  expect_bad(p, "x without rows");
+}
+
+}  // namespace
