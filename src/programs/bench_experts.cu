@@ -12,6 +12,7 @@
 // epmoe::reference_moe (fp64 host oracle).
 //
 //   epmoe_bench_experts [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--json PATH]
+//                       [--ab VAR=A,B]   (a knob's two values timed interleaved in one process)
 //                       [--no-check] [--zero-before-down]
 // --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
 // overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
@@ -104,6 +105,7 @@ struct Result {
   double zero_ms = 0, full_serial_zero_ms = 0;  // the zeroing alone; the full layer with it serialized
   double max_rel_err = -1, rel_l2 = -1;
   int checked_tokens = 0;
+  double ab_a_ms = 0, ab_b_ms = 0;  // --ab: the full layer under each value, interleaved replays
 };
 
 double median(std::vector<float> v) {
@@ -151,6 +153,28 @@ struct Options {
   std::string json;
   bool check = true;
   bool zero_before_down = false;
+  // --ab VAR=A,B: the full layer captured once with VAR=A and once with VAR=B (the sm90 launchers read
+  // their knobs when the graph is captured), then replayed alternately (ABBA order) in one process,
+  // so clock and thermal drift fall on both alike. The decision tool for a knob's default.
+  std::string ab_var, ab_a, ab_b;
+};
+
+// Sets an environment variable for a scope and restores what was there.
+struct ScopedEnv {
+  std::string name;
+  bool had = false;
+  std::string old;
+  ScopedEnv(const std::string& n, const std::string& v) : name(n) {
+    if (const char* o = std::getenv(n.c_str())) {
+      had = true;
+      old = o;
+    }
+    setenv(n.c_str(), v.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had) setenv(name.c_str(), old.c_str(), 1);
+    else unsetenv(name.c_str());
+  }
 };
 
 Result run_shape(const Shape& sh, const Options& opt) {
@@ -310,6 +334,42 @@ Result run_shape(const Shape& sh, const Options& opt) {
   res.up_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
   res.up_fused_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i, true), s); });
   res.down_ms = time_alone([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
+  if (!opt.ab_var.empty()) {
+    std::vector<cudaGraphExec_t> ga, gb;
+    {
+      ScopedEnv env(opt.ab_var, opt.ab_a);
+      for (int i = 0; i < sets; ++i) ga.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
+    }
+    {
+      ScopedEnv env(opt.ab_var, opt.ab_b);
+      for (int i = 0; i < sets; ++i) gb.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
+    }
+    for (int w = 0; w < 3; ++w)
+      for (int i = 0; i < sets; ++i) {
+        BCHECK(cudaGraphLaunch(ga[size_t(i)], s));
+        BCHECK(cudaGraphLaunch(gb[size_t(i)], s));
+      }
+    BCHECK(cudaStreamSynchronize(s));
+    std::vector<float> ta, tb;
+    auto time_one = [&](cudaGraphExec_t g, std::vector<float>& out_ms) {
+      BCHECK(cudaEventRecord(t0, s));
+      BCHECK(cudaGraphLaunch(g, s));
+      BCHECK(cudaEventRecord(t1, s));
+      BCHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      BCHECK(cudaEventElapsedTime(&ms, t0, t1));
+      out_ms.push_back(ms);
+    };
+    for (int i = 0; i < 2 * opt.iters; ++i) {
+      const size_t set = size_t(i / 2) % size_t(sets);
+      if ((i & 1) == (i / 2 & 1)) time_one(ga[set], ta);  // A B, B A, A B, ...
+      else time_one(gb[set], tb);
+    }
+    res.ab_a_ms = median(ta);
+    res.ab_b_ms = median(tb);
+    for (auto g : ga) cudaGraphExecDestroy(g);
+    for (auto g : gb) cudaGraphExecDestroy(g);
+  }
   for (auto g : full_g) cudaGraphExecDestroy(g);
   for (auto g : sep_g) cudaGraphExecDestroy(g);
   for (auto g : seed_g) cudaGraphExecDestroy(g);
@@ -393,13 +453,13 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
                  "\"full_separate_gather_ms\": %.6f, \"gather_ms\": %.6f, \"up_ms\": %.6f, \"up_fused_gather_ms\": %.6f, "
                  "\"down_ms\": %.6f, \"zero_ms\": %.6f, "
                  "\"full_serial_zero_ms\": %.6f, \"checked_tokens\": %d, "
-                 "\"max_rel_err\": %.6g, \"rel_l2\": %.6g}%s\n",
+                 "\"max_rel_err\": %.6g, \"rel_l2\": %.6g, \"ab_a_ms\": %.6f, \"ab_b_ms\": %.6f}%s\n",
                  r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
                  tflops(r.s, r.full_ms), r.full_sep_ms, r.gather_ms, r.up_ms, r.up_fused_ms, r.down_ms, r.zero_ms,
                  r.full_serial_zero_ms,
                  r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
-                 i + 1 < rs.size() ? "," : "");
+                 r.ab_a_ms, r.ab_b_ms, i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, " ]\n}\n");
   std::fclose(f);
@@ -407,8 +467,8 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options opt;
+// Parses argv into opt; returns -1 to go on, else the exit code (help: 0, bad argument: 2).
+int parse_args(int argc, char** argv, Options& opt) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -435,15 +495,35 @@ int main(int argc, char** argv) {
       opt.check = false;
     } else if (a == "--zero-before-down") {
       opt.zero_before_down = true;
+    } else if (a == "--ab") {
+      const std::string v = next();
+      const size_t eq = v.find('='), comma = v.find(',', eq == std::string::npos ? 0 : eq);
+      if (eq == std::string::npos || eq == 0 || comma == std::string::npos || comma + 1 >= v.size())
+        throw std::runtime_error("--ab VAR=A,B (for example EPMOE_SM90_GROUP=1,16)");
+      opt.ab_var = v.substr(0, eq);
+      opt.ab_a = v.substr(eq + 1, comma - eq - 1);
+      opt.ab_b = v.substr(comma + 1);
     } else if (a == "-h" || a == "--help") {
       std::printf("usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--json PATH] [--no-check] "
-                  "[--zero-before-down]\n",
+                  "[--zero-before-down] [--ab VAR=A,B]\n",
                   argv[0]);
       return 0;
     } else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
     }
+  }
+  return -1;
+}
+
+int main(int argc, char** argv) {
+  Options opt;
+  try {
+    const int rc = parse_args(argc, argv, opt);
+    if (rc >= 0) return rc;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bad argument: %s\n", e.what());
+    return 2;
   }
   try {
     int dev = 0;
@@ -486,6 +566,10 @@ int main(int argc, char** argv) {
                   sh.E, sh.k, sh.hidden, sh.ffn, (long long)sh.T, r.seed_ms, tflops(sh, r.seed_ms), r.full_ms,
                   tflops(sh, r.full_ms), r.full_sep_ms, tflops(sh, r.full_sep_ms), r.gather_ms, r.up_ms, r.up_fused_ms,
                   r.down_ms, r.zero_ms, r.full_serial_zero_ms, r.max_rel_err, r.rel_l2);
+      if (!opt.ab_var.empty())
+        std::printf("#   A/B %s: %s %.4f ms, %s %.4f ms, B/A %.4f (full layer, interleaved replays)\n",
+                    opt.ab_var.c_str(), opt.ab_a.c_str(), r.ab_a_ms, opt.ab_b.c_str(), r.ab_b_ms,
+                    r.ab_a_ms > 0 ? r.ab_b_ms / r.ab_a_ms : 0.0);
       std::fflush(stdout);
       // Same bound as the test suite: 2k * 2^-8 of the row maximum, 1e-2 relative L2.
       if (opt.check && !(r.max_rel_err <= 2.0 * sh.k / 256.0 && r.rel_l2 < 1e-2)) ok = false;
