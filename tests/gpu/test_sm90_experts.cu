@@ -29,8 +29,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
-#include <stdexcept>
 #include <ostream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
