@@ -241,13 +241,7 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
     attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
     ++n_attr;
   }
-  if (cluster) {
-    attr[n_attr].id = cudaLaunchAttributeClusterDimension;
-    attr[n_attr].val.clusterDim.x = 2;
-    attr[n_attr].val.clusterDim.y = 1;
-    attr[n_attr].val.clusterDim.z = 1;
-    ++n_attr;
-  }
+  if (cluster) attr[n_attr++] = sm90_cluster_pair_attr();
   cfg.attrs = attr;
   cfg.numAttrs = n_attr;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out,

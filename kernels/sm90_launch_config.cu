@@ -45,6 +45,15 @@ unsigned sm90_grid(int64_t items, const char* who) {
   return unsigned(std::min<int64_t>(items, std::max(sms, 1)));
 }
 
+cudaLaunchAttribute sm90_cluster_pair_attr() {
+  cudaLaunchAttribute a{};
+  a.id = cudaLaunchAttributeClusterDimension;
+  a.val.clusterDim.x = 2;
+  a.val.clusterDim.y = 1;
+  a.val.clusterDim.z = 1;
+  return a;
+}
+
 unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
                            const char* who) {
   EPMOE_CHECK(cluster_items > 0 && cluster_items <= 0x3fffffff, ErrorCode::invalid_argument, who,
@@ -73,11 +82,7 @@ unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn
       cfg.gridDim = dim3(2);
       cfg.blockDim = dim3(unsigned(kThreads));
       cfg.dynamicSmemBytes = dyn_smem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 2;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
+      cudaLaunchAttribute attr[1] = {sm90_cluster_pair_attr()};
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));

@@ -24,4 +24,7 @@ unsigned sm90_grid(int64_t items, const char* who);
 // - unless EPMOE_SM90_PERSISTENT=0 (one cluster per item).
 unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
                            const char* who);
+
+// The launch attribute that makes a grid 2-CTA clusters along x.
+cudaLaunchAttribute sm90_cluster_pair_attr();
 }  // namespace epmoe::kernels::sm90

@@ -367,11 +367,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = kDynSmemBytes;
   cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  cudaLaunchAttribute attr[1] = {sm90_cluster_pair_attr()};
   cfg.attrs = attr;
   cfg.numAttrs = cluster ? 1 : 0;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_xs, tm_w1, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,

@@ -105,12 +105,7 @@ TEST_P(MockWorldSizes, AlltoallvUnevenSeveralPlanes) {
 
 TEST_P(MockWorldSizes, AlltoallvAllEmpty) {
   auto errors = run_mock_ranks(GetParam(), [](int, std::shared_ptr<Communicator> comm) {
-    const size_t world = size_t(comm->world_size());
-    AlltoallvPlane empty;  // null buffers are fine when nothing moves
-    empty.send_bytes.assign(world, 0);
-    empty.send_offsets.assign(world, 0);
-    empty.recv_bytes.assign(world, 0);
-    empty.recv_offsets.assign(world, 0);
+    const AlltoallvPlane empty = empty_plane(comm->world_size());
     std::vector<AlltoallvPlane> planes{empty, empty};
     comm->alltoallv(planes);
   });

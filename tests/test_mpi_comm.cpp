@@ -92,11 +92,7 @@ TEST_F(MpiComm, AlltoallvUnevenTwoPlanes) {
 }
 
 TEST_F(MpiComm, AlltoallvAllEmpty) {
-  AlltoallvPlane empty;
-  empty.send_bytes.assign(world, 0);
-  empty.send_offsets.assign(world, 0);
-  empty.recv_bytes.assign(world, 0);
-  empty.recv_offsets.assign(world, 0);
+  const AlltoallvPlane empty = empty_plane(world);
   std::vector<AlltoallvPlane> planes{empty, empty};
   comm->alltoallv(planes);
 }

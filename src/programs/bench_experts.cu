@@ -34,6 +34,7 @@
 #include "epmoe/reference.h"
 #include "kernels/expert_problem.cuh"
 #include "kernels/gather_rows.cuh"
+#include "kernels/hash_fill.cuh"
 #include "kernels/sm90_experts.cuh"
 
 namespace {
@@ -50,25 +51,10 @@ using epmoe::kernels::kExpertTile;
                                std::to_string(__LINE__) + ")");                                         \
   } while (0)
 
-__host__ __device__ inline uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-__host__ __device__ inline uint16_t hash_bf16(uint64_t seed, uint64_t idx, float scale) {
-  const uint64_t h = mix64(seed * 0x632be59bd9b4e019ull ^ mix64(idx));
-  const float u = float(uint32_t(h >> 40)) * (1.0f / 16777216.0f);
-  const float v = (u * 2.0f - 1.0f) * scale;
-  uint32_t b;
-  memcpy(&b, &v, 4);
-  b += 0x7fffu + ((b >> 16) & 1u);
-  return uint16_t(b >> 16);
-}
-__global__ void fill_hash_kernel(uint16_t* p, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = hash_bf16(seed, uint64_t(i), scale);
-}
+using epmoe::kernels::hash_fill::fill_hash_kernel;
+using epmoe::kernels::hash_fill::hash_bf16;
+using epmoe::kernels::hash_fill::mix64;
+
 void fill_hash(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   fill_hash_kernel<<<2048, 256>>>(p, n, seed, scale);
   BCHECK(cudaGetLastError());
