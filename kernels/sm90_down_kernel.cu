@@ -55,16 +55,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                     int hidden, int ffn, int group_tiles) {
+                     int hidden, int ffn, int group_tiles, int by_expert) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
   extern __shared__ uint8_t dyn_smem[];
 
-  // Work items (see WorkItem in sm90_common.cuh): nn = ceil(hidden/256) output column blocks.
-  const WorkGrid grid = make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets[experts], group_tiles);
+  uint8_t* ring = align_1024(dyn_smem);
+  // Work items (see WorkItem in sm90_common.cuh): nn = ceil(hidden/256) output column blocks; by
+  // expert, the schedule's offsets live in shared memory after the ring.
+  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(ring + kStages * kStageBytes) : nullptr;
+  const WorkGrid grid = make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched);
   if (work_first<kCluster>() >= grid.items) return;  // no work (in a cluster: both CTAs alike)
 
-  uint8_t* ring = align_1024(dyn_smem);
   const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16 (act)
   const uint32_t sB = sA + kStages * kATileBytes;      // kStages x [256 rows][64] bf16 (W2)
   const uint32_t full0 = smem_u32(&bars[0]);
@@ -101,6 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             // wait. Each stage's barrier expects both halves' bytes, so it cannot complete before
             // the act half lands too.
             const int npre = num_k < kStages ? num_k : kStages;  // uses 0..npre-1: no empty waits
+            publish_item(item_slots, 0, wi);
             for (int p = 0; p < npre; ++p) {
               mbar_arrive_expect_tx(full0 + 8 * p, kStageBytes);
               load_w2_stage<kCluster>(&tm_w2, full0 + 8 * p, sB + p * kBTileBytes, p * kBK, n0, hidden, e, multicast,
@@ -117,6 +121,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t s = it % kStages;
             if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
             const uint32_t full = full0 + 8 * s;
+            if (kt == 0) publish_item(item_slots, s, wi);
             mbar_arrive_expect_tx(full, kStageBytes);
             tma_load_2d(sA + s * kATileBytes, &tm_act, full, kt * kBK, int(wi.load_m0));
             load_w2_stage<kCluster>(&tm_w2, full, sB + s * kBTileBytes, kt * kBK, n0, hidden, e, multicast,
@@ -142,23 +147,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     uint32_t it = 0;
-    for (int64_t w = work_first<kCluster>();; w += stride) {
-      const WorkItem wi = work_item<kCluster>(w, grid);
-      if (!wi.valid) break;
-      const int n0 = wi.nb * kBN;
-
-      // This thread's two output rows: tile rows 64c + 16warp + lane/4 (+8). Loaded now, their
-      // latency hides under the main loop (the layout was complete before the UP kernel started).
-      const int64_t row0 = wi.m0 + c * 64 + warp * 16 + (lane >> 2);
+    for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
+      // This item's tile and column block come from the producer with its first stage. This thread's
+      // two output rows: tile rows 64c + 16warp + lane/4 (+8), loaded then; their latency hides under
+      // the main loop (the layout was complete before the UP kernel started).
+      ItemView iv{};
       int32_t prow[2] = {-1, -1};
       float pw[2] = {0.0f, 0.0f};
-      if (wi.compute) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          prow[h] = pair_row[row0 + 8 * h];
-          pw[h] = pair_weight[row0 + 8 * h];
-        }
-      }
 
       float acc[128];
 #pragma unroll
@@ -173,6 +168,17 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
         wgmma_commit();
+        if (kt == 0) {
+          iv = read_item(item_slots, s);
+          if (iv.compute) {
+            const int64_t row0 = iv.m0 + c * 64 + warp * 16 + (lane >> 2);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              prow[h] = pair_row[row0 + 8 * h];
+              pw[h] = pair_weight[row0 + 8 * h];
+            }
+          }
+        }
         if (kt > 0) {
           wgmma_wait<1>();
           release((it - 1) % kStages);
@@ -181,7 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_regs(acc);
       release((it - 1) % kStages);  // this item's last stage
-      if (!wi.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
+      if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
+      const int n0 = iv.nb * kBN;
 
       // ---------------- epilogue: weighted bf16 reduction into out, 16 bytes per red ----------------
       grid_dependency_wait();  // (already satisfied: the producer waited before any act load)
@@ -209,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
-  (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn;
+  (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
+      (void)group_tiles, (void)by_expert;
 #endif
 }
 
@@ -224,15 +232,18 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, cluster ? kBN / 2 : kBN);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nn = (p.hidden + kBN - 1) / kBN;
+  const bool by_expert = sm90_order_by_expert(p.experts);
+  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts);
+  const int64_t items = sm90_work_items(tiles, p.experts, nn, cluster, by_expert);
   auto kernel = cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>;
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(cluster ? sm90_cluster_grid((tiles + 1) / 2 * nn, reinterpret_cast<const void*>(kernel),
-                                                 kDynSmemBytes, s, "sm90_down_launch")
-                             : sm90_grid(tiles * nn, "sm90_down_launch"));
+  cfg.gridDim = dim3(cluster ? sm90_cluster_grid(items, reinterpret_cast<const void*>(kernel), smem, s,
+                                                 "sm90_down_launch")
+                             : sm90_grid(items, "sm90_down_launch"));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kDynSmemBytes;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
   unsigned n_attr = 0;
@@ -245,7 +256,7 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   cfg.attrs = attr;
   cfg.numAttrs = n_attr;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out,
-                                      p.experts, p.hidden, p.ffn, sm90_group_tiles()));
+                                      p.experts, p.hidden, p.ffn, sm90_group_tiles(), by_expert ? 1 : 0));
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

@@ -19,6 +19,8 @@
 //                            rank-4 box (also used automatically if the driver rejects the fold)
 //   EPMOE_SM90_CLUSTER=0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile (sm90_cluster_mode)
 //   EPMOE_SM90_GROUP=G       row tiles per scheduling group, column-block-major inside (1: tile-major)
+//   EPMOE_SM90_ORDER=global|expert  groups cut from the global tile sequence (default) or inside
+//                            each expert (sm90_order_by_expert)
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
 //                            gather from x (sm90_fused_gather_enabled)
@@ -38,14 +40,18 @@ bool sm90_fused_gather_enabled();
 
 // 2-CTA thread-block clusters that multicast the weight tile into two row tiles of one expert
 // (kernels/sm90_common.cuh, WorkItem). EPMOE_SM90_CLUSTER: 0 never; 1 both kernels; 2 DOWN, and UP
-// only when it reads xs by TMA (not when it gathers from x). Unset: the built-in default (see
-// sm90_tensor_maps.cu). Read at each call.
+// only when it reads xs by TMA (not when it gathers from x). Unset: 0 (sm90_launch_config.cu says
+// why). Read at each call.
 int sm90_cluster_mode();
 bool sm90_up_uses_cluster(bool gather);
 bool sm90_down_uses_cluster();
 // Row tiles per scheduling group (WorkGrid in sm90_common.cuh; 1 = tile-major order):
 // EPMOE_SM90_GROUP, else the built-in default. Read at each call.
 int sm90_group_tiles();
+// Work order (kernels/sm90_schedule.cuh): by expert - scheduling groups never straddle two experts'
+// weights - when EPMOE_SM90_ORDER=expert and the schedule's offsets fit in shared memory (experts up
+// to ~4300); else the global order (the default). Read at each call.
+bool sm90_order_by_expert(int experts);
 // Gathering UP: each producer thread's cp.async copies signal the stage's full barrier themselves
 // (cp.async.mbarrier.arrive.noinc; consumers fence for the async proxy; the default, "async") instead
 // of the thread waiting for them two stages later (cp.async.wait_group, "wait"): the producer then

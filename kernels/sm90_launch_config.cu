@@ -45,6 +45,15 @@ unsigned sm90_grid(int64_t items, const char* who) {
   return unsigned(std::min<int64_t>(items, std::max(sms, 1)));
 }
 
+size_t sm90_dyn_smem_bytes(bool by_expert, int experts) {
+  return kDynSmemBytes + (by_expert ? expert_schedule_smem_bytes(experts) : 0);
+}
+
+int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool by_expert) {
+  if (!cluster) return tiles * nn;
+  return by_expert ? expert_items_bound(tiles, experts, nn, true) : (tiles + 1) / 2 * nn;
+}
+
 cudaLaunchAttribute sm90_cluster_pair_attr() {
   cudaLaunchAttribute a{};
   a.id = cudaLaunchAttributeClusterDimension;
@@ -109,7 +118,10 @@ int env_int(const char* name, int fallback) {
 }  // namespace
 
 int sm90_cluster_mode() {
-  const int mode = env_int("EPMOE_SM90_CLUSTER", 1);
+  // Default 0: in same-process A/Bs (session 5) single CTAs beat the multicasting pairs by 1-2% on
+  // every bench shape - the pairs halve L2->SM weight bytes but read ~30% more from DRAM, and on this
+  // power-limited board the clock follows the data moved (docs/PERF.md).
+  const int mode = env_int("EPMOE_SM90_CLUSTER", 0);
   EPMOE_CHECK(mode <= 2, ErrorCode::invalid_argument, "EPMOE_SM90_CLUSTER must be 0, 1 or 2, got ", mode);
   return mode;
 }
@@ -119,6 +131,20 @@ bool sm90_up_uses_cluster(bool gather) {
 }
 bool sm90_down_uses_cluster() { return sm90_cluster_mode() != 0; }
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
+bool sm90_order_by_expert(int experts) {
+  // Default global: the by-expert order cut DRAM reads by a third at 7168 but measured 0.5-2% slower
+  // in same-process A/Bs (docs/PERF.md, session 5).
+  const char* env = std::getenv("EPMOE_SM90_ORDER");
+  bool by_expert = false;
+  if (env != nullptr && env[0] != '\0') {
+    const std::string v(env);
+    EPMOE_CHECK(v == "expert" || v == "global", ErrorCode::invalid_argument,
+                "EPMOE_SM90_ORDER must be expert or global, got '", v, "'");
+    by_expert = v == "expert";
+  }
+  // The schedule's per-expert offsets must fit in shared memory next to the ring.
+  return by_expert && sm90::sm90_dyn_smem_bytes(true, experts) <= sm90::kMaxDynSmemBytes;
+}
 bool sm90_gather_async_arrive() {
   const char* env = std::getenv("EPMOE_SM90_GATHER_ARRIVE");
   if (env == nullptr || env[0] == '\0') return true;

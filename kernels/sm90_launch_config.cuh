@@ -25,6 +25,14 @@ unsigned sm90_grid(int64_t items, const char* who);
 unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
                            const char* who);
 
+// Dynamic shared memory of both kernels: the ring, plus the by-expert schedule's offsets.
+inline constexpr size_t kMaxDynSmemBytes = 227 * 1024;  // sm_90 opt-in limit per block
+size_t sm90_dyn_smem_bytes(bool by_expert, int experts);
+
+// Work items (cluster mode: cluster items) to size the grid from `tiles` = the capacity's row tiles:
+// an upper bound of what the device schedule counts from padded_offsets.
+int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool by_expert);
+
 // The launch attribute that makes a grid 2-CTA clusters along x.
 cudaLaunchAttribute sm90_cluster_pair_attr();
 }  // namespace epmoe::kernels::sm90

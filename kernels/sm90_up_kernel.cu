@@ -23,8 +23,10 @@
 // Gather mode (ExpertProblem::x set): the A tile is not TMA-loaded from xs but gathered by all 128
 // producer threads with cp.async from the token-ordered x (produce_gathered), which removes the
 // gather kernel's write and re-read of the whole xs (rows x hidden x 2 B each way) from the layer.
-// Registers: producer 72, consumers 216 (72*128 + 216*256 = 168*384, the launch allocation); the
-// gather producer holds 16 row pointers (this item's and the next's) and spills at 56.
+// Registers: producer 88, consumers 200 (88*128 + 200*256 <= 168*384, the launch allocation); the
+// gather producer holds 16 row pointers and two decoded items (this one and the next): it spilled
+// at 56, and at 72-80 once it carried the by-expert decode. The consumers do not decode items (the
+// producer hands them over per stage, publish_item), so 200 leave them spill-free.
 #include <cstdlib>
 #include <cstring>
 
@@ -78,7 +80,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
                                                  const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                                                  const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
                                                  uint32_t full0, uint32_t empty0, const WorkGrid& grid,
-                                                 bool async_arrive) {
+                                                 bool async_arrive, int2* item_slots) {
   const int t = int(threadIdx.x);  // 0..127
   const int chunk = t & 7, rg = t >> 3;
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
@@ -89,36 +91,37 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
   grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
 
   // Source rows of an item's tile for this thread; bit i of the mask: row i is real (else zeros).
-  auto load_rows = [&](int64_t w, const __nv_bfloat16* (&src)[8], uint32_t& valid) {
+  auto load_rows = [&](const WorkItem& wi, const __nv_bfloat16* (&src)[8], uint32_t& valid) {
     valid = 0;
-    const int64_t m0 = work_item<kCluster>(w, grid).m0;  // >= total: no rows (idle rank, or past the end)
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       int32_t r = -1;
-      if (m0 < grid.total) r = pair_row[m0 + rg + 16 * i];
+      if (wi.m0 < grid.total) r = pair_row[wi.m0 + rg + 16 * i];  // >= total: no rows (idle rank, or past the end)
       const bool ok = r >= 0 && int64_t(r) < x_rows;
       src[i] = xc + (ok ? int64_t(r) * hidden : 0);
       valid |= ok ? (1u << i) : 0u;
     }
   };
 
+  // Each item is decoded once, an item ahead, so its rows' pair_row loads are in flight early.
+  WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
   const __nv_bfloat16* src[8];
   uint32_t valid;
-  load_rows(work_first<kCluster>(), src, valid);
+  load_rows(wi, src, valid);
   uint32_t it = 0;
-  for (int64_t w = work_first<kCluster>();; w += stride) {
-    const WorkItem wi = work_item<kCluster>(w, grid);
-    if (!wi.valid) break;
+  for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
     bool multicast;
     const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
+    const WorkItem next = work_item<kCluster>(w + stride, grid);
     const __nv_bfloat16* nsrc[8];
     uint32_t nvalid;
-    load_rows(w + stride, nsrc, nvalid);
+    load_rows(next, nsrc, nvalid);
     for (int kt = 0; kt < num_k; ++kt, ++it) {
       const uint32_t s = it % kStages;
       if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
       const uint32_t full = full0 + 8 * s;
       if (t == 0) {
+        if (kt == 0) publish_item(item_slots, s, wi);
         mbar_arrive_expect_tx(full, kBTileBytes);
         load_w1_stage(&tm_w1, full, sB + s * kBTileBytes, kt * kBK, e, wi.nb, ffn, w1_folded, multicast, grid.rank);
       }
@@ -141,6 +144,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
 #pragma unroll
     for (int i = 0; i < 8; ++i) src[i] = nsrc[i];
     valid = nvalid;
+    wi = next;
   }
   if (!async_arrive) {
     cp_async_wait<0>();
@@ -156,13 +160,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
-                   const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive) {
+                   const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
   extern __shared__ uint8_t dyn_smem[];
 
+  uint8_t* ring = align_1024(dyn_smem);
   // Work items (see WorkItem in sm90_common.cuh): nj = ffn/128 activation column blocks per tile.
-  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets[experts], group_tiles);
+  // By expert, the schedule's offsets live in shared memory after the ring.
+  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(ring + kStages * kStageBytes) : nullptr;
+  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched);
   // No work: the whole CTA leaves (in a cluster both CTAs alike, before any cross-CTA traffic).
   if (work_first<kCluster>() >= grid.items) return;
   // Let the DOWN grid (PDL) launch once every UP CTA has started: its CTAs can then take SMs that
@@ -170,7 +178,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // after griddepcontrol.wait, which waits for this whole grid to complete and flush.
   grid_launch_dependents();
 
-  uint8_t* ring = align_1024(dyn_smem);
   const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16, swizzled
   const uint32_t sB = sA + kStages * kATileBytes;      // kStages x [256 rows][64] bf16, swizzled
   const uint32_t full0 = smem_u32(&bars[0]);           // full[s]  = full0 + 8 s
@@ -192,10 +199,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    setmaxnreg_dec<72>();
+    setmaxnreg_dec<88>();
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
-                                 full0, empty0, grid, gather_async_arrive != 0);
+                                 full0, empty0, grid, gather_async_arrive != 0, item_slots);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -213,6 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint32_t s = it % kStages;
             if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
             const uint32_t full = full0 + 8 * s;
+            if (kt == 0) publish_item(item_slots, s, wi);
             mbar_arrive_expect_tx(full, kStageBytes);
             tma_load_2d(sA + s * kATileBytes, &tm_xs, full, kt * kBK, int(wi.load_m0));
             load_w1_stage(&tm_w1, full, sB + s * kBTileBytes, kt * kBK, e, wi.nb, ffn, w1_folded, multicast,
@@ -223,7 +231,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<216>();
+    setmaxnreg_inc<200>();
     const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
     const int warp = int(threadIdx.x / 32) & 3;
     const int lane = int(threadIdx.x & 31);
@@ -240,10 +248,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     uint32_t it = 0;
-    for (int64_t w = work_first<kCluster>();; w += stride) {
-      const WorkItem wi = work_item<kCluster>(w, grid);
-      if (!wi.valid) break;
-      const int j = wi.nb;
+    for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
+      ItemView iv{};  // this item's tile and column block, from the producer with its first stage
 
       float acc[128];
 #pragma unroll
@@ -261,6 +267,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
         wgmma_commit();
+        if (kt == 0) iv = read_item(item_slots, s);
         if (kt > 0) {
           wgmma_wait<1>();  // the group of use it-1 is done: its stage may be refilled
           release((it - 1) % kStages);
@@ -269,11 +276,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma_wait<0>();
       fence_regs(acc);
       release((it - 1) % kStages);  // this item's last stage
-      if (!wi.compute) continue;     // cluster rank 1 without a tile: nothing to write
+      if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to write
+      const int j = iv.nb;
 
       // ---------------- epilogue: SwiGLU, 16-byte stores of act ----------------
       // (the producer is already filling the ring with the next item's first stages)
-      const int64_t row0 = wi.m0 + c * 64 + warp * 16 + (lane >> 2);
+      const int64_t row0 = iv.m0 + c * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows row0 and row0 + 8
         __nv_bfloat16* dst = act + (row0 + 8 * h) * int64_t(ffn) + int64_t(j) * 128 + 8 * q;
@@ -298,7 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
-      (void)pair_row, (void)group_tiles, (void)gather_async_arrive;
+      (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert;
 #endif
 }
 
@@ -357,22 +365,24 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   if (!folded) tm_w1 = make_w1_plain_map(p.w1, p.experts, p.hidden, p.ffn);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
+  const bool by_expert = sm90_order_by_expert(p.experts);
+  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts);
+  const int64_t items = sm90_work_items(tiles, p.experts, nj, cluster, by_expert);
 
   auto kernel = cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>;
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDynSmemBytes)));
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(cluster ? sm90_cluster_grid((tiles + 1) / 2 * nj, reinterpret_cast<const void*>(kernel),
-                                                 kDynSmemBytes, s, "sm90_up_launch")
-                             : sm90_grid(tiles * nj, "sm90_up_launch"));
+  cfg.gridDim = dim3(cluster ? sm90_cluster_grid(items, reinterpret_cast<const void*>(kernel), smem, s, "sm90_up_launch")
+                             : sm90_grid(items, "sm90_up_launch"));
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kDynSmemBytes;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[1] = {sm90_cluster_pair_attr()};
   cfg.attrs = attr;
   cfg.numAttrs = cluster ? 1 : 0;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_xs, tm_w1, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
                                       folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(),
-                                      sm90_gather_async_arrive() ? 1 : 0));
+                                      sm90_gather_async_arrive() ? 1 : 0, by_expert ? 1 : 0));
 }
 
 }  // namespace epmoe::kernels

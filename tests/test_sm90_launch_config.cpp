@@ -7,6 +7,7 @@
 
 #include "epmoe/error.h"
 #include "kernels/expert_problem.cuh"
+#include "kernels/sm90_common.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
 
@@ -41,8 +42,14 @@ epmoe::ErrorCode code_of(void (*f)()) {
 TEST(Sm90Knobs, ClusterModeDefaultsAndValues) {
   {
     Env e("EPMOE_SM90_CLUSTER", nullptr);
-    EXPECT_EQ(sm90_cluster_mode(), 1);
+    EXPECT_EQ(sm90_cluster_mode(), 0);
+    EXPECT_FALSE(sm90_up_uses_cluster(true));
+    EXPECT_FALSE(sm90_down_uses_cluster());
+  }
+  {
+    Env e("EPMOE_SM90_CLUSTER", "1");
     EXPECT_TRUE(sm90_up_uses_cluster(true));
+    EXPECT_TRUE(sm90_up_uses_cluster(false));
     EXPECT_TRUE(sm90_down_uses_cluster());
   }
   {
@@ -92,6 +99,44 @@ TEST(Sm90Knobs, GatherArrive) {
   }
   Env e("EPMOE_SM90_GATHER_ARRIVE", "sync");
   EXPECT_EQ(code_of([] { (void)sm90_gather_async_arrive(); }), epmoe::ErrorCode::invalid_argument);
+}
+
+TEST(Sm90Knobs, WorkOrder) {
+  using epmoe::kernels::sm90_order_by_expert;
+  using epmoe::kernels::sm90::kDynSmemBytes;
+  using epmoe::kernels::sm90::kMaxDynSmemBytes;
+  using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
+  {
+    Env e("EPMOE_SM90_ORDER", nullptr);
+    EXPECT_FALSE(sm90_order_by_expert(32));
+  }
+  {
+    Env e("EPMOE_SM90_ORDER", "global");
+    EXPECT_FALSE(sm90_order_by_expert(32));
+  }
+  {
+    Env e("EPMOE_SM90_ORDER", "expert");
+    EXPECT_TRUE(sm90_order_by_expert(1));
+    EXPECT_TRUE(sm90_order_by_expert(4096));
+    // Too many experts for the schedule's offsets next to the ring: the global order.
+    EXPECT_FALSE(sm90_order_by_expert(8192));
+  }
+  for (const char* bad : {"Expert", "1", "tile"}) {
+    Env e("EPMOE_SM90_ORDER", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_order_by_expert(32); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+  EXPECT_EQ(sm90_dyn_smem_bytes(false, 32), kDynSmemBytes);
+  EXPECT_EQ(sm90_dyn_smem_bytes(true, 32), kDynSmemBytes + 2 * 33 * 4 + 8);  // rounded to 16 B
+  EXPECT_LE(sm90_dyn_smem_bytes(true, 4096), kMaxDynSmemBytes);
+}
+
+TEST(Sm90Knobs, GridItemBound) {
+  using epmoe::kernels::sm90::sm90_work_items;
+  EXPECT_EQ(sm90_work_items(10, 4, 8, false, true), 80);
+  EXPECT_EQ(sm90_work_items(10, 4, 8, true, false), 40);
+  // By expert, up to one odd expert per expert adds half a unit: (10 + 4) / 2 units.
+  EXPECT_EQ(sm90_work_items(10, 4, 8, true, true), 56);
+  EXPECT_EQ(sm90_work_items(3, 64, 8, true, true), 24);  // never more odd experts than tiles
 }
 
 // A problem that passes, then one field broken at a time.

@@ -12,7 +12,8 @@
 // epmoe::reference_moe (fp64 host oracle).
 //
 //   epmoe_bench_experts [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--json PATH]
-//                       [--ab VAR=A,B]   (a knob's two values timed interleaved in one process)
+//                       [--routing softmax|balanced] [--ab VAR=A,B]   (a knob's two values timed
+//                       interleaved in one process; balanced: every expert T k / E rows)
 //                       [--no-check] [--zero-before-down]
 // --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
 // overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
@@ -132,6 +133,14 @@ Routing softmax_topk_routing(int64_t T, int E, int k, uint64_t seed) {
   return r;
 }
 
+Routing balanced_routing(int64_t T, int E, int k) {
+  Routing r;
+  r.ids.resize(size_t(T) * k);
+  r.weights.assign(size_t(T) * k, 1.0f / float(k));
+  for (int64_t i = 0; i < T * k; ++i) r.ids[size_t(i)] = int32_t(i % E);  // k <= E: a token's k ids differ
+  return r;
+}
+
 struct Options {
   bool full = false;
   std::vector<Shape> only;  // --shape E,k,hidden,ffn,T (repeatable): these instead of a list
@@ -139,6 +148,9 @@ struct Options {
   std::string json;
   bool check = true;
   bool zero_before_down = false;
+  // --routing balanced: token t's slot j goes to expert (t k + j) mod E, weight 1/k, so every expert
+  // gets exactly T k / E rows (when E divides T k) - isolates work-order effects from expert sizes.
+  bool balanced = false;
   // --ab VAR=A,B: the full layer captured once with VAR=A and once with VAR=B (the sm90 launchers read
   // their knobs when the graph is captured), then replayed alternately (ABBA order) in one process,
   // so clock and thermal drift fall on both alike. The decision tool for a knob's default.
@@ -173,7 +185,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
   Dev w1(size_t(E) * 2 * F * H * 2), w2(size_t(E) * H * F * 2);
   fill_hash(w1.as<uint16_t>(), int64_t(E) * 2 * F * H, 21, std::sqrt(3.0f / H));
   fill_hash(w2.as<uint16_t>(), int64_t(E) * H * F, 31, 2.0f * std::sqrt(3.0f / F));
-  const Routing rt = softmax_topk_routing(T, E, k, 41 + uint64_t(T));
+  const Routing rt = opt.balanced ? balanced_routing(T, E, k) : softmax_topk_routing(T, E, k, 41 + uint64_t(T));
   const epmoe::protocol::ExpertLayout L =
       epmoe::protocol::token_expert_layout(rt.ids.data(), rt.weights.data(), T, k, E, kExpertTile);
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
@@ -422,6 +434,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
   return res;
 }
 
+// The work order the kernels use for a typical expert count (the knob's value; "global" also when
+// the expert count is too large for the by-expert schedule, which no bench shape is).
+const char* order_name() { return epmoe::kernels::sm90_order_by_expert(32) ? "expert" : "global"; }
+
 double tflops(const Shape& s, double ms) { return ms > 0 ? 6.0 * double(s.T) * s.k * s.hidden * s.ffn / ms / 1e9 : 0.0; }
 
 void write_json(const std::string& path, const std::vector<Result>& rs, const char* device, bool zbd) {
@@ -429,8 +445,9 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
   if (!f) throw std::runtime_error("cannot write " + path);
   std::fprintf(f,
                "{\n \"impl\": \"epmoe_sm90_split\",\n \"device\": \"%s\",\n \"zero_before_down\": %s,\n"
-               " \"cluster_mode\": %d,\n \"group_tiles\": %d,\n \"moe\": [\n",
-               device, zbd ? "true" : "false", epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles());
+               " \"cluster_mode\": %d,\n \"group_tiles\": %d,\n \"order\": \"%s\",\n \"moe\": [\n",
+               device, zbd ? "true" : "false", epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(),
+               order_name());
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     std::fprintf(f,
@@ -481,6 +498,10 @@ int parse_args(int argc, char** argv, Options& opt) {
       opt.check = false;
     } else if (a == "--zero-before-down") {
       opt.zero_before_down = true;
+    } else if (a == "--routing") {
+      const std::string v = next();
+      if (v != "softmax" && v != "balanced") throw std::runtime_error("--routing softmax|balanced");
+      opt.balanced = v == "balanced";
     } else if (a == "--ab") {
       const std::string v = next();
       const size_t eq = v.find('='), comma = v.find(',', eq == std::string::npos ? 0 : eq);
@@ -491,7 +512,7 @@ int parse_args(int argc, char** argv, Options& opt) {
       opt.ab_b = v.substr(comma + 1);
     } else if (a == "-h" || a == "--help") {
       std::printf("usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--json PATH] [--no-check] "
-                  "[--zero-before-down] [--ab VAR=A,B]\n",
+                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR=A,B]\n",
                   argv[0]);
       return 0;
     } else {
@@ -536,8 +557,8 @@ int main(int argc, char** argv) {
                 prop.multiProcessorCount, opt.iters, opt.zero_before_down ? "DOWN" : "UP");
     std::printf("# full: UP gathers its rows (default); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
-                "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group\n",
-                epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles());
+                "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group, EPMOE_SM90_ORDER=%s\n",
+                epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(), order_name());
     std::printf("# zero ms: the output memset alone; serial ms: the full layer with it on the main stream (no overlap)\n");
     std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %8s | %9s %9s %9s %9s | %8s %9s | %10s %9s\n", "E", "k",
                 "hidden", "ffn", "T", "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "sep ms", "TFLOP/s", "gather ms", "up ms",

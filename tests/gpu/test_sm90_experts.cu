@@ -511,7 +511,10 @@ void run_case(const Case& cs) {
 // Sets an environment variable for one test (the sm90 launchers read theirs at every launch).
 struct EnvGuard {
   std::string name;
-  EnvGuard(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  EnvGuard(const char* n, const char* v) : name(n) {  // v null: unset (the built-in default)
+    if (v) setenv(n, v, 1);
+    else unsetenv(n);
+  }
   ~EnvGuard() { unsetenv(name.c_str()); }
 };
 
@@ -633,19 +636,23 @@ TEST(Sm90Experts, PlainW1MapFallback) {
   c.seed = 5;
   run_case(c);
 }
-// ---- kernel variants: EPMOE_SM90_CLUSTER x EPMOE_SM90_GROUP -----------------------------------
-// The default (2-CTA clusters multicasting the weight tile, groups of 16 row tiles) runs every case
-// above. Pinned here: clusters (mode 1) on the cases that stress the tile pairing - one tile in all
-// (rank 1 idles), an odd tile count in one expert, pairs straddling expert boundaries (1-row and
-// empty experts, skew), a half-out-of-range last W2 block, many tiles, graph capture, no PDL, the
-// TMA (xs) A path, one cluster per item - with group sizes that leave short last groups; mode 2
-// (clusters in DOWN only while UP gathers); and the single-CTA kernels in tile-major order (mode 0,
-// group 1: the path before clusters and groups became the default).
+// ---- kernel variants: EPMOE_SM90_CLUSTER x EPMOE_SM90_GROUP x EPMOE_SM90_ORDER -----------------
+// The default (single CTAs, groups of 16 row tiles cut from the global tile sequence) runs every case
+// above. Pinned here: 2-CTA clusters multicasting the weight tile (mode 1) on the cases that stress
+// the tile pairing - one tile in all (rank 1 idles), an odd tile count in one expert, pairs
+// straddling expert boundaries (1-row and empty experts, skew), a half-out-of-range last W2 block,
+// many tiles, graph capture, no PDL, the TMA (xs) A path, one cluster per item - with group sizes
+// that leave short last groups; mode 2 (clusters in DOWN only while UP gathers); single CTAs in
+// tile-major order and with other group sizes; and the by-expert order (EPMOE_SM90_ORDER=expert) on
+// the cases that stress it: an odd expert's last tile runs as a column pair - the single-row experts
+// make every tile such a leftover, ffn 640 / hidden 640 give odd column-block counts (rank 1 idle on
+// the last pair) - and groups split an expert's units into near-equal parts.
 struct Variant {
   const char* name;
   const char* cluster;  // EPMOE_SM90_CLUSTER
   const char* group;    // EPMOE_SM90_GROUP
   Case c;
+  const char* order = nullptr;  // EPMOE_SM90_ORDER (unset: the default, global)
 };
 Case with(Case c, int seed, Mode mode = Mode::experts_launch) {
   c.seed = uint64_t(seed);
@@ -693,6 +700,27 @@ const std::vector<Variant>& variants() {
        separate(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 31, Mode::graph))},
       {"SingleCtaGroup3ZipfE32K4H2048F1024T4096", "0", "3", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 23)},
       {"SingleCtaGroup5UniformE8K4H7168F2048T512", "0", "5", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 24)},
+      {"ByExpertClusterSmallE4K2H256F256T64", "1", "16", {4, 2, 256, 256, 64, Route::uniform, 0, 64}, "expert"},
+      {"ByExpertClusterSmallMulticastE2K1H256F256T512", "1", "16", {2, 1, 256, 256, 512, Route::uniform, 0, 64},
+       "expert"},
+      {"ByExpertClusterOddColumnBlocksE4K2H640F640T300", "1", "16",
+       with({4, 2, 640, 640, 300, Route::uniform, 0, 64}, 37), "expert"},
+      {"ByExpertClusterOddColumnBlocksGroup2ZipfE8K4H640F640T700", "1", "2",
+       with({8, 4, 640, 640, 700, Route::zipf, 0, 64}, 38), "expert"},
+      {"ByExpertSingleCtaGroup3OddColumnBlocksE4K2H640F640T300", "0", "3",
+       with({4, 2, 640, 640, 300, Route::uniform, 0, 64}, 39), "expert"},
+      {"ByExpertClusterSingleRowExpertsE16K1H4096F1024T12", "1", "16",
+       with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 40), "expert"},
+      {"ByExpertClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "6",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 41), "expert"},
+      {"ByExpertClusterZipfE64K8H4096F768T1024", "1", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 42),
+       "expert"},
+      {"ByExpertClusterWithDropsGraphCaptured", "1", "16",
+       with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 32}, 43, Mode::graph), "expert"},
+      {"ByExpertSingleCtaGroup3ZipfE32K4H2048F1024T4096", "0", "3",
+       with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 44), "expert"},
+      {"ByExpertClusterSeparateGatherUniformE8K4H7168F2048T512", "1", "16",
+       separate(with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 45)), "expert"},
   };
   return v;
 }
@@ -701,6 +729,7 @@ class Sm90Variant : public ::testing::TestWithParam<Variant> {};
 TEST_P(Sm90Variant, MatchesReference) {
   EnvGuard cluster("EPMOE_SM90_CLUSTER", GetParam().cluster);
   EnvGuard group("EPMOE_SM90_GROUP", GetParam().group);
+  EnvGuard order("EPMOE_SM90_ORDER", GetParam().order);
   run_case(GetParam().c);
 }
 INSTANTIATE_TEST_SUITE_P(Sm90Experts, Sm90Variant, ::testing::ValuesIn(variants()),
@@ -713,7 +742,7 @@ TEST(Sm90Experts, ClusterNonPersistentGrid) {
 }
 
 // The gathering producer's older signalling (EPMOE_SM90_GATHER_ARRIVE=wait: each thread waits for
-// its copies two stages later and arrives itself) on clusters and single CTAs.
+// its copies two stages later and arrives itself) on single CTAs and clusters.
 TEST(Sm90Experts, GatherArriveWaitSmallE4K2H256F256T64) {
   EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
   run_case({4, 2, 256, 256, 64, Route::uniform, 0, 64});
@@ -722,9 +751,9 @@ TEST(Sm90Experts, GatherArriveWaitZipfE32K4H2048F1024T4096) {
   EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
   run_case(with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 35));
 }
-TEST(Sm90Experts, GatherArriveWaitSingleCtaOneExpertE8K2H2048F768T1100) {
+TEST(Sm90Experts, GatherArriveWaitClusterOneExpertE8K2H2048F768T1100) {
   EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
-  EnvGuard cluster("EPMOE_SM90_CLUSTER", "0");
+  EnvGuard cluster("EPMOE_SM90_CLUSTER", "1");
   run_case(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 36));
 }
 

@@ -1,0 +1,115 @@
+// Expert-aligned work order of the sm_90a split pipeline (host and device; no CUDA needed to
+// include it, so CPU tests check the decode exhaustively).
+//
+// Why: a scheduling group (a few row tiles swept over every column block, see WorkGrid in
+// sm90_common.cuh) reads its experts' whole weight matrices once from HBM. Groups cut from the
+// global tile sequence straddle expert boundaries, so an expert whose tiles fall in two groups is
+// read twice (E=32 k=8 7168/2048 at T=8k: ~16.5 tiles per expert, group 16: ~2x the 1.9 GB of W1).
+// Here groups never leave an expert: expert e's items come in one contiguous block of the item
+// space, its units are split into ceil(units / group) groups of near-equal size, and each group is
+// swept column-block-major (units fastest).
+//
+// Units: single CTAs, one row tile. 2-CTA clusters: a PAIR of tiles of one expert (both CTAs load
+// half of the weight tile and multicast it). An odd expert's last tile (the leftover) would leave
+// rank 1 idle; instead the pair computes it for two column blocks at once (rank r: block 2j + r,
+// weights loaded locally, no multicast), interleaved into the expert's last group after column
+// blocks 2j and 2j + 1 so its weight tiles are still in L2. Only an odd column-block count leaves
+// rank 1 idle on the leftover's last item (it runs its peer's block and writes nothing).
+#pragma once
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define EPMOE_SCHED_FN __host__ __device__ __forceinline__
+#else
+#define EPMOE_SCHED_FN inline
+#endif
+
+namespace epmoe::kernels::sm90 {
+
+// Work items of an expert with `tiles` row tiles and nn column blocks. All counts here are int32:
+// the launcher keeps the item total below 2^31 (and tiles < 2^24 since rows < 2^31), and 32-bit
+// division keeps the per-item decode short in the kernels' register-tight producer.
+EPMOE_SCHED_FN int expert_items(int tiles, int nn, bool cluster) {
+  if (!cluster) return tiles * nn;
+  return (tiles / 2) * nn + (tiles & 1) * ((nn + 1) / 2);
+}
+
+// Upper bound of the item count over all experts given only the total tile count (host grid sizing):
+// in cluster mode every odd expert adds at most half a unit.
+EPMOE_SCHED_FN int64_t expert_items_bound(int64_t tiles, int experts, int nn, bool cluster) {
+  if (!cluster) return tiles * nn;
+  const int64_t odd = experts < tiles ? experts : tiles;
+  return ((tiles + odd) / 2) * nn;
+}
+
+struct ScheduledItem {
+  int tile;      // this CTA's row tile (rows [128 tile, +128)), also the tile whose rows it loads
+  int nb;        // this CTA's column block
+  bool compute;  // false: an idle rank running its peer's block, writes nothing
+  bool multicast;  // the cluster pair shares this weight tile (tiles 2u, 2u + 1 of one expert)
+};
+
+// Item `local` (0 <= local < expert_items) of an expert whose tiles are [first_tile, first_tile +
+// tiles), for cluster CTA `rank` (0 for single CTAs); group = units per group (>= 1).
+EPMOE_SCHED_FN ScheduledItem expert_item(int local, int first_tile, int tiles, int nn, int group, bool cluster,
+                                         uint32_t rank) {
+  const int units = cluster ? tiles / 2 : tiles;
+  const bool leftover = cluster && (tiles & 1) != 0;
+  int gs = 0, r = local, first_unit = 0;  // units in the item's group, index in it, its first unit
+  bool last = true;
+  if (units > 0) {
+    const int ng = (units + group - 1) / group;  // groups of near-equal size q or q + 1
+    const int q = units / ng, big_groups = units % ng;
+    const int big_items = big_groups * (q + 1) * nn;
+    int g = local < big_items ? local / ((q + 1) * nn) : big_groups + (local - big_items) / (q * nn);
+    if (g > ng - 1) g = ng - 1;  // the leftover's items trail the last group's
+    gs = g < big_groups ? q + 1 : q;
+    first_unit = g < big_groups ? g * (q + 1) : big_groups * (q + 1) + (g - big_groups) * q;
+    r = local - (g < big_groups ? g * (q + 1) * nn : big_items + (g - big_groups) * q * nn);
+    last = g == ng - 1;
+  }
+  ScheduledItem s{};
+  int unit = 0;
+  if (last && leftover) {
+    // Blocks of 2 gs + 1 items per column pair j: units at block 2j, units at block 2j + 1, the
+    // leftover tile at both (the last block of an odd nn: units at 2j, then the leftover).
+    const int blk = 2 * gs + 1;
+    const int j = r / blk, x = r - j * blk;
+    if (x < gs) {
+      unit = x;
+      s.nb = 2 * j;
+    } else if (x < 2 * gs && 2 * j + 1 < nn) {
+      unit = x - gs;
+      s.nb = 2 * j + 1;
+    } else {
+      s.tile = first_tile + 2 * units;
+      const int nb = 2 * j + int(rank);
+      s.compute = nb < nn;
+      s.nb = s.compute ? nb : 2 * j;
+      s.multicast = false;
+      return s;
+    }
+  } else {
+    s.nb = r / gs;
+    unit = r - s.nb * gs;
+  }
+  unit += first_unit;
+  s.tile = cluster ? first_tile + 2 * unit + int(rank) : first_tile + unit;
+  s.compute = true;
+  s.multicast = cluster;
+  return s;
+}
+
+// The expert owning item w: the largest e < experts with item_off[e] <= w, for a non-decreasing
+// item_off[0..experts] with item_off[0] = 0 <= w < item_off[experts] (empty experts repeat a value).
+EPMOE_SCHED_FN int expert_of_item(const int32_t* item_off, int experts, int w) {
+  int lo = 0, hi = experts;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (item_off[mid] <= w) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+}  // namespace epmoe::kernels::sm90

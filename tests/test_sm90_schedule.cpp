@@ -1,0 +1,157 @@
+// The sm_90a pipeline's by-expert work order (kernels/sm90_schedule.cuh), decoded on the host the way
+// each kernel CTA decodes it: every (row tile, column block) of every expert is computed exactly once,
+// weights are those of the tile's expert, multicast pairs share expert and block, and groups stay
+// inside an expert. Runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "kernels/sm90_schedule.cuh"
+
+namespace {
+
+using epmoe::kernels::sm90::expert_item;
+using epmoe::kernels::sm90::expert_items;
+using epmoe::kernels::sm90::expert_items_bound;
+using epmoe::kernels::sm90::expert_of_item;
+using epmoe::kernels::sm90::ScheduledItem;
+
+struct Case {
+  std::vector<int> tiles;  // per expert
+  int nn;
+  int group;  // units per group
+  bool cluster;
+};
+
+// Builds item_off / tile_first as build_expert_schedule does, decodes every item for every rank and
+// checks the invariants.
+void check_schedule(const Case& c) {
+  const int E = int(c.tiles.size());
+  std::vector<int32_t> item_off(E + 1, 0), tile_first(E + 1, 0);
+  for (int e = 0; e < E; ++e) {
+    item_off[e + 1] = item_off[e] + expert_items(c.tiles[e], c.nn, c.cluster);
+    tile_first[e + 1] = tile_first[e] + c.tiles[e];
+  }
+  const int total_tiles = tile_first[E];
+  const int items = item_off[E];
+  SCOPED_TRACE(::testing::Message() << "E=" << E << " nn=" << c.nn << " group=" << c.group
+                                    << " cluster=" << c.cluster << " tiles=" << total_tiles);
+  ASSERT_LE(int64_t(items), expert_items_bound(total_tiles, E, c.nn, c.cluster));
+
+  std::map<std::pair<int, int>, int> computed;  // (tile, nb) -> times
+  const uint32_t ranks = c.cluster ? 2u : 1u;
+  for (int w = 0; w < items; ++w) {
+    const int e = expert_of_item(item_off.data(), E, w);
+    ASSERT_GE(w, item_off[e]);
+    ASSERT_LT(w, item_off[e + 1]) << "item " << w << " decoded to expert " << e;
+    ScheduledItem s[2];
+    for (uint32_t r = 0; r < ranks; ++r) {
+      s[r] = expert_item(w - item_off[e], tile_first[e], c.tiles[e], c.nn, c.group, c.cluster, r);
+      // The tile whose rows a CTA loads always belongs to the expert whose weights it loads.
+      ASSERT_GE(s[r].tile, tile_first[e]) << "item " << w << " rank " << r;
+      ASSERT_LT(s[r].tile, tile_first[e + 1]) << "item " << w << " rank " << r;
+      ASSERT_GE(s[r].nb, 0);
+      ASSERT_LT(s[r].nb, c.nn);
+      if (s[r].compute) ++computed[{s[r].tile, s[r].nb}];
+    }
+    if (c.cluster) {
+      // Both CTAs agree on multicast (they exchange weight halves only then); a multicast pair is
+      // tiles 2u, 2u + 1 (relative to the expert) at one column block, both computing.
+      ASSERT_EQ(s[0].multicast, s[1].multicast) << "item " << w;
+      if (s[0].multicast) {
+        EXPECT_EQ(s[0].nb, s[1].nb);
+        EXPECT_EQ(s[1].tile, s[0].tile + 1);
+        EXPECT_EQ((s[0].tile - tile_first[e]) % 2, 0);
+        EXPECT_TRUE(s[0].compute && s[1].compute);
+      } else {
+        // The odd expert's last tile as a column pair: same rows, blocks 2j and 2j + 1 (rank 1
+        // idle on its peer's block past an odd nn).
+        EXPECT_EQ(c.tiles[e] % 2, 1) << "item " << w;
+        EXPECT_EQ(s[0].tile, tile_first[e + 1] - 1);
+        EXPECT_EQ(s[1].tile, s[0].tile);
+        EXPECT_TRUE(s[0].compute);
+        EXPECT_EQ(s[0].nb % 2, 0);
+        if (s[1].compute) EXPECT_EQ(s[1].nb, s[0].nb + 1);
+        else EXPECT_EQ(s[1].nb, s[0].nb);
+      }
+    } else {
+      EXPECT_FALSE(s[0].multicast);
+      EXPECT_TRUE(s[0].compute);
+    }
+  }
+  // Exactly once: every (tile, block) pair of every tile.
+  EXPECT_EQ(computed.size(), size_t(total_tiles) * size_t(c.nn));
+  for (const auto& [key, n] : computed) EXPECT_EQ(n, 1) << "tile " << key.first << " block " << key.second;
+}
+
+TEST(Sm90Schedule, DegenerateExperts) {
+  for (bool cluster : {false, true}) {
+    for (int nn : {1, 2, 3, 8, 16, 28}) {
+      for (int group : {1, 2, 3, 8}) {
+        check_schedule({{0, 0, 0}, nn, group, cluster});    // no rows at all
+        check_schedule({{1}, nn, group, cluster});          // one tile
+        check_schedule({{0, 1, 0, 1, 0}, nn, group, cluster});  // single tiles between empty experts
+        check_schedule({{0, 0, 37, 0}, nn, group, cluster});    // all rows on one expert
+        check_schedule({{2, 3, 4, 5, 6, 7}, nn, group, cluster});
+      }
+    }
+  }
+}
+
+TEST(Sm90Schedule, RandomExpertSizes) {
+  std::mt19937 rng(20261130);
+  for (int round = 0; round < 300; ++round) {
+    Case c;
+    const int E = 1 + int(rng() % 70);
+    std::uniform_int_distribution<int> tiles(0, round % 3 == 0 ? 3 : 40);
+    for (int e = 0; e < E; ++e) c.tiles.push_back(rng() % 5 == 0 ? 0 : tiles(rng));
+    c.nn = 1 + int(rng() % 29);
+    c.group = 1 + int(rng() % 12);
+    c.cluster = (round & 1) != 0;
+    check_schedule(c);
+  }
+}
+
+// Groups never straddle experts, are swept column-block-major, and split an expert's units into
+// near-equal parts: with 17 pair units and group 8, three groups of 6, 6, 5 units.
+TEST(Sm90Schedule, GroupsAreBalancedAndColumnMajor) {
+  const int nn = 4, group = 8;
+  const int tiles = 34;  // 17 pairs
+  std::vector<std::pair<int, int>> order;  // (unit, nb) of rank 0, in item order
+  for (int w = 0; w < expert_items(tiles, nn, true); ++w) {
+    const ScheduledItem s = expert_item(w, 0, tiles, nn, group, true, 0);
+    order.push_back({s.tile / 2, s.nb});
+  }
+  ASSERT_EQ(order.size(), size_t(17 * nn));
+  // Group 0: units 0..5 at nb 0, then 0..5 at nb 1, ...; group 1: units 6..11; group 2: 12..16.
+  const int sizes[3] = {6, 6, 5};
+  size_t i = 0;
+  int first = 0;
+  for (int g = 0; g < 3; ++g) {
+    for (int nb = 0; nb < nn; ++nb)
+      for (int u = 0; u < sizes[g]; ++u, ++i) EXPECT_EQ(order[i], std::make_pair(first + u, nb)) << "item " << i;
+    first += sizes[g];
+  }
+}
+
+// An odd expert's leftover tile runs right after the column blocks it pairs, inside the last group.
+TEST(Sm90Schedule, LeftoverInterleavedAfterItsColumnPair) {
+  const int nn = 3, group = 8, tiles = 5;  // 2 pairs + 1 leftover; blocks (0,1) then (2, idle)
+  std::vector<std::tuple<int, int, int, bool>> seq;  // tile, nb rank 0, nb rank 1, rank 1 computes
+  for (int w = 0; w < expert_items(tiles, nn, true); ++w) {
+    const ScheduledItem a = expert_item(w, 10, tiles, nn, group, true, 0);
+    const ScheduledItem b = expert_item(w, 10, tiles, nn, group, true, 1);
+    seq.emplace_back(a.tile, a.nb, b.nb, b.compute);
+  }
+  const std::vector<std::tuple<int, int, int, bool>> want = {
+      {10, 0, 0, true}, {12, 0, 0, true}, {10, 1, 1, true}, {12, 1, 1, true}, {14, 0, 1, true},
+      {10, 2, 2, true}, {12, 2, 2, true}, {14, 2, 2, false}};
+  EXPECT_EQ(seq, want);
+}
+
+}  // namespace
