@@ -12,11 +12,11 @@
 // UP kernel. Epilogue: a quad transpose gives each thread 8 consecutive columns of one row, reduced
 // into out with one 16-byte red.global.add.noftz.v4.bf16x2 (no smem staging).
 //
-// PDL: the prologue (barrier init, descriptor prefetch, the W2 loads of the first kStages stages of
-// the CTA's first item, the consumers' pair_row/pair_weight loads) runs before griddepcontrol.wait,
-// so it overlaps the UP grid's tail; the act loads are issued only after it. pair_row, pair_weight
-// and padded_offsets must therefore have been written before the UP kernel started (they are the
-// layout's outputs).
+// PDL: the prologue (barrier init, work schedule, descriptor prefetch, the W2 loads of the first
+// kStages stages of the CTA's first item) runs before griddepcontrol.wait, so it overlaps the UP
+// grid's tail; the act loads are issued only after it. padded_offsets must therefore have been
+// written before the UP kernel started (a layout output, as are pair_row and pair_weight, which the
+// consumers load when an item's first stage arrives).
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_experts.cuh"
