@@ -222,6 +222,8 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits for all of this thread's cp.async copies, committed or not.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
@@ -514,6 +516,45 @@ __device__ __forceinline__ void publish_item(int2* slots, uint32_t s, const Work
 __device__ __forceinline__ ItemView read_item(const int2* slots, uint32_t s) {
   const int2 v = slots[s];
   return {int64_t(v.x) * kBM, v.y & (kItemIdleBit - 1), (v.y & kItemIdleBit) == 0};
+}
+
+// ---- the consumers' main loop over one item, shared by both kernels ----------------------------
+// acc (zeroed here) = this warpgroup's 64 rows of A (at a_off in each A stage) times the 256 rows of
+// B, over num_k stages of the ring starting at use `it` (advanced past the item). A stage is released
+// (release(s): this CTA's producer, and a cluster peer's) once the next stage's wgmma group is issued,
+// the last one after the final wait. proxy_fence: the stage's A rows were written by cp.async
+// (generic proxy) and signalled by the copy engine, so wgmma's async-proxy reads need the fence after
+// the wait. Returns the item the producer published with its first stage (read after that stage's
+// wgmma group is issued, so the read overlaps the tensor work); at_first(iv) runs there too.
+template <typename Release, typename AtFirst>
+__device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it, int num_k, uint32_t full0,
+                                                 uint32_t sA, uint32_t sB, uint32_t a_off, bool proxy_fence,
+                                                 const int2* item_slots, Release&& release, AtFirst&& at_first) {
+  ItemView iv{};
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < num_k; ++kt, ++it) {
+    const uint32_t s = it % kStages;
+    mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
+    if (proxy_fence) fence_proxy_async_shared();
+    const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
+    const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
+    wgmma_commit();
+    if (kt == 0) {
+      iv = read_item(item_slots, s);
+      at_first(iv);
+    } else {
+      wgmma_wait<1>();  // the group of use it-1 is done: its stage may be refilled
+      release((it - 1) % kStages);
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  release((it - 1) % kStages);  // the item's last stage
+  return iv;
 }
 
 // The ring's barriers, set up by thread 0 before any use: full[s] expects `full_count` arrivals (plus

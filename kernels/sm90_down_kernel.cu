@@ -148,45 +148,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     uint32_t it = 0;
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
-      // This item's tile and column block come from the producer with its first stage. This thread's
-      // two output rows: tile rows 64c + 16warp + lane/4 (+8), loaded then; their latency hides under
-      // the main loop (the layout was complete before the UP kernel started).
-      ItemView iv{};
+      // This thread's two output rows (tile rows 64c + 16warp + lane/4, +8) and weights, loaded when
+      // the item's first stage arrives; their latency hides under the main loop (the layout was
+      // complete before the UP kernel started).
       int32_t prow[2] = {-1, -1};
       float pw[2] = {0.0f, 0.0f};
-
       float acc[128];
+      const ItemView iv =
+          consume_item(acc, it, num_k, full0, sA, sB, a_off, /*proxy_fence=*/false, item_slots, release,
+                       [&](const ItemView& first) {
+                         if (!first.compute) return;
+                         const int64_t row0 = first.m0 + c * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-
-      for (int kt = 0; kt < num_k; ++kt, ++it) {
-        const uint32_t s = it % kStages;
-        mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
-        const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
-        const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
-        wgmma_commit();
-        if (kt == 0) {
-          iv = read_item(item_slots, s);
-          if (iv.compute) {
-            const int64_t row0 = iv.m0 + c * 64 + warp * 16 + (lane >> 2);
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              prow[h] = pair_row[row0 + 8 * h];
-              pw[h] = pair_weight[row0 + 8 * h];
-            }
-          }
-        }
-        if (kt > 0) {
-          wgmma_wait<1>();
-          release((it - 1) % kStages);
-        }
-      }
-      wgmma_wait<0>();
-      fence_regs(acc);
-      release((it - 1) % kStages);  // this item's last stage
+                         for (int h = 0; h < 2; ++h) {
+                           prow[h] = pair_row[row0 + 8 * h];
+                           pw[h] = pair_weight[row0 + 8 * h];
+                         }
+                       });
       if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
       const int n0 = iv.nb * kBN;
 

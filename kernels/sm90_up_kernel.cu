@@ -151,6 +151,10 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
     fence_proxy_async_shared();
     for (uint32_t u = it > uint32_t(kGatherLag) ? it - kGatherLag : 0; u < it; ++u)
       mbar_arrive(full0 + 8 * (u % kStages));
+  } else {
+    // Do not leave with copies in flight: the thread's last stages are signalled by the copy engine,
+    // but its own outstanding cp.async should complete before it exits (it idles here anyway).
+    cp_async_wait_all();
   }
 }
 #endif
@@ -249,33 +253,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     uint32_t it = 0;
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
-      ItemView iv{};  // this item's tile and column block, from the producer with its first stage
-
       float acc[128];
-#pragma unroll
-      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
-
-      for (int kt = 0; kt < num_k; ++kt, ++it) {
-        const uint32_t s = it % kStages;
-        mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
-        // Async-arrive gather: the rows were written by cp.async (generic proxy) and signalled by
-        // the copy engine, so the cross-proxy fence before wgmma's reads is taken here.
-        if (cp_fence) fence_proxy_async_shared();
-        const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
-        const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
-        wgmma_commit();
-        if (kt == 0) iv = read_item(item_slots, s);
-        if (kt > 0) {
-          wgmma_wait<1>();  // the group of use it-1 is done: its stage may be refilled
-          release((it - 1) % kStages);
-        }
-      }
-      wgmma_wait<0>();
-      fence_regs(acc);
-      release((it - 1) % kStages);  // this item's last stage
+      const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, cp_fence, item_slots, release,
+                                       [](const ItemView&) {});
       if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to write
       const int j = iv.nb;
 
