@@ -148,6 +148,19 @@ ReceivePlan decode_count_headers(const std::vector<int64_t>& h, int W, int El) {
   return P;
 }
 
+namespace {
+// From X.expert_counts and X.tile: tile-padded segment offsets, padding-filled pair arrays (row -1,
+// weight 0), and each expert's fill cursor (its segment start).
+std::vector<int64_t> place_segments(ExpertLayout& X) {
+  const int E = int(X.expert_counts.size());
+  X.padded_offsets.assign(E + 1, 0);
+  for (int e = 0; e < E; ++e) X.padded_offsets[e + 1] = X.padded_offsets[e] + round_up(X.expert_counts[e], X.tile);
+  X.pair_row.assign(X.padded_total(), -1);
+  X.pair_weight.assign(X.padded_total(), 0.f);
+  return std::vector<int64_t>(X.padded_offsets.begin(), X.padded_offsets.end() - 1);
+}
+}  // namespace
+
 ExpertLayout expert_layout(const int32_t* meta, int64_t rows, int k, int El, int tile) {
   const int mw = meta_words(k);
   ExpertLayout X;
@@ -161,11 +174,7 @@ ExpertLayout expert_layout(const int32_t* meta, int64_t rows, int k, int El, int
       EPMOE_CHECK(e < El, ErrorCode::internal, "received local expert id ", e, " >= ", El);
       ++X.expert_counts[e];
     }
-  X.padded_offsets.assign(El + 1, 0);
-  for (int e = 0; e < El; ++e) X.padded_offsets[e + 1] = X.padded_offsets[e] + round_up(X.expert_counts[e], tile);
-  X.pair_row.assign(X.padded_total(), -1);
-  X.pair_weight.assign(X.padded_total(), 0.f);
-  std::vector<int64_t> cursor(X.padded_offsets.begin(), X.padded_offsets.end() - 1);
+  std::vector<int64_t> cursor = place_segments(X);
   for (int64_t r = 0; r < rows; ++r)
     for (int j = 0; j < k; ++j) {
       int32_t e = meta[r * mw + 1 + j];
@@ -189,11 +198,7 @@ ExpertLayout token_expert_layout(const int32_t* ids, const float* weights, int64
     EPMOE_CHECK(e < E, ErrorCode::invalid_argument, "token_expert_layout: expert id ", e, " >= ", E, " at slot ", i);
     if (e >= 0) ++X.expert_counts[e];
   }
-  X.padded_offsets.assign(E + 1, 0);
-  for (int e = 0; e < E; ++e) X.padded_offsets[e + 1] = X.padded_offsets[e] + round_up(X.expert_counts[e], tile);
-  X.pair_row.assign(X.padded_total(), -1);
-  X.pair_weight.assign(X.padded_total(), 0.f);
-  std::vector<int64_t> cursor(X.padded_offsets.begin(), X.padded_offsets.end() - 1);
+  std::vector<int64_t> cursor = place_segments(X);
   for (int64_t t = 0; t < T; ++t)
     for (int j = 0; j < k; ++j) {
       const int32_t e = ids[t * k + j];
