@@ -36,7 +36,23 @@ inline constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
 // The 2*kStages mbarriers live in static shared memory (their presence in the sm_90a image is
 // what sm90_experts_supported() checks).
 inline constexpr size_t kDynSmemBytes = 1024 + size_t(kStages) * kStageBytes;
+// setmaxnreg moves registers between the warpgroups of a CTA: the consumers' .inc can only take what
+// the producer's .dec released, else it blocks forever (measured: a 64/224 split hung the DOWN kernel).
+// The launch gives every thread 65536 / kThreads registers rounded down to a multiple of 8 (168).
+inline constexpr uint32_t kLaunchRegsPerThread = (65536u / uint32_t(kThreads)) / 8u * 8u;
+inline constexpr bool setmaxnreg_split_fits(uint32_t producer_regs, uint32_t consumer_regs) {
+  return producer_regs * 128u + consumer_regs * 2u * 128u <= kLaunchRegsPerThread * uint32_t(kThreads);
+}
+// DOWN's staged epilogue (sm90_down_kernel.cu): per consumer warpgroup a 64-row x 128-column bf16
+// buffer (one half of an item's 256 columns), then the 2 x 64 output rows and the 2 item headers,
+// after the ring; reduced into out by warps 1..3 of the producer warpgroup.
+inline constexpr int kReducerWarps = 3;
+inline constexpr uint32_t kStageHalfBytes = 64 * 128 * 2;  // 16 KB
+inline constexpr size_t kDownStagingBytes = 2 * size_t(kStageHalfBytes) + 2 * 64 * sizeof(int32_t) + 2 * 8;
+// Static shared memory of a kernel (barriers, item slots), which the opt-in limit also covers.
+inline constexpr size_t kStaticSmemReserve = 256;
 static_assert(kBM == 128, "the consumer split (2 warpgroups x 64 rows) assumes 128-row tiles");
+static_assert(kDownStagingBytes % 16 == 0, "the schedule after the staging buffers wants 16-byte alignment");
 static_assert(kDynSmemBytes <= 227 * 1024, "smem ring exceeds the sm_90 opt-in limit");
 static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0, "tiles must keep 1024 B alignment");
 
@@ -278,6 +294,21 @@ __device__ __forceinline__ void st_global_16(void* dst, const uint32_t (&w)[4]) 
 __device__ __forceinline__ void red_add_bf16x8(__nv_bfloat16* dst, const uint32_t (&w)[4]) {
   asm volatile("red.global.add.noftz.v4.bf16x2 [%0], {%1, %2, %3, %4};" ::"l"(dst), "r"(w[0]), "r"(w[1]),
                "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+
+// Four 8x8 b16 matrices to shared memory: lanes 8i..8i+7 give the row addresses (16 B each) of matrix
+// i; each lane's w[i] holds its two elements of matrix i (row lane/4, columns 2(lane%4), +1) - the
+// mma accumulator fragment, so a wgmma result stores without shuffles.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&w)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+}
+__device__ __forceinline__ void ld_shared_16(uint32_t addr, uint32_t (&w)[4]) {
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(addr)
                : "memory");
 }
 
@@ -526,10 +557,13 @@ __device__ __forceinline__ ItemView read_item(const int2* slots, uint32_t s) {
 // (generic proxy) and signalled by the copy engine, so wgmma's async-proxy reads need the fence after
 // the wait. Returns the item the producer published with its first stage (read after that stage's
 // wgmma group is issued, so the read overlaps the tensor work); at_first(iv) runs there too.
-template <typename Release, typename AtFirst>
+// at_step(kt) runs after stage kt's wgmma group is issued (and before the wait for stage kt - 1), so
+// work placed there overlaps two queued groups of tensor work.
+template <typename Release, typename AtFirst, typename AtStep>
 __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it, int num_k, uint32_t full0,
                                                  uint32_t sA, uint32_t sB, uint32_t a_off, bool proxy_fence,
-                                                 const int2* item_slots, Release&& release, AtFirst&& at_first) {
+                                                 const int2* item_slots, Release&& release, AtFirst&& at_first,
+                                                 AtStep&& at_step) {
   ItemView iv{};
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -543,6 +577,7 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
 #pragma unroll
     for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
     wgmma_commit();
+    at_step(kt);
     if (kt == 0) {
       iv = read_item(item_slots, s);
       at_first(iv);

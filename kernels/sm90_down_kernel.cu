@@ -9,8 +9,12 @@
 // 128-row half. A = act through a 2-D TMA map, B = W2 through a rank-3 map {ffn, hidden, E} (rows
 // past `hidden` read as zero, so a last tile of 128 columns when hidden % 256 == 128 computes zeros
 // that the epilogue skips). Same 384-thread producer / 2-consumer structure and 4-stage ring as the
-// UP kernel. Epilogue: a quad transpose gives each thread 8 consecutive columns of one row, reduced
-// into out with one 16-byte red.global.add.noftz.v4.bf16x2 (no smem staging).
+// UP kernel. Epilogue (default, "staged"): each consumer warpgroup stores the weighted bf16 of its 64
+// rows in two 128-column halves to shared memory with stmatrix - half 0 at once, half 1 from
+// registers during the next item's main loop - and warps 1..3 of the producer warpgroup reduce the
+// rows into out with 16-byte red.global.add.noftz.v4.bf16x2 (a half warp per 256-byte row) while the
+// tensor cores work on (measured: 1.7-3.4% off the full layer). "direct" (EPMOE_SM90_DOWN_EPILOGUE):
+// a quad transpose gives each consumer thread 8 consecutive columns, reduced from registers.
 //
 // PDL: the prologue (barrier init, work schedule, descriptor prefetch, the W2 loads of the first
 // kStages stages of the CTA's first item) runs before griddepcontrol.wait, so it overlaps the UP
@@ -25,6 +29,11 @@
 
 namespace epmoe::kernels {
 namespace sm90 {
+
+// Registers per thread after setmaxnreg: the staged epilogue's reducer warps spilled at 56 (ptxas),
+// the consumers (accumulators + the held half) fit in 216 without spills.
+inline constexpr uint32_t kDownProducerRegs = 64, kDownConsumerRegs = 216;
+static_assert(setmaxnreg_split_fits(kDownProducerRegs, kDownConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
 
 #if EPMOE_SM90A_DEVICE
 // Thread 0's W2 loads of one stage (kBTileBytes into dst, completing on `full`): one 256-row box,
@@ -48,6 +57,39 @@ __device__ __forceinline__ void load_w2_stage(const CUtensorMap* tm_w2, uint32_t
     tma_load_3d(dst, tm_w2, full, k0, n0, e);
   }
 }
+
+// Staged epilogue: a consumer warpgroup writes its 64 rows x 128 columns (one half of the item's 256)
+// of weighted bf16 into its staging buffer with stmatrix (8 per thread, no shuffles) and goes on; the
+// reducer warps (warps 1..3 of the producer warpgroup, idle otherwise) read each row back and reduce
+// it into out with 16-byte red.global.add - a half warp covers one row's 256 contiguous bytes. Row r's
+// 16-byte chunk j sits at r*256 + (j ^ (r % 8))*16, so both the 8-row stmatrix phases and the row reads
+// are free of bank conflicts. Handshake per warpgroup c: staged[c] (128 consumer arrivals) and
+// drained[c] (kReducerWarps arrivals), one phase per half.
+// k step of the next item at which a consumer stores its held half: two wgmma groups are queued
+// by then, and the reducers had the two previous steps to drain the half before it.
+inline constexpr int kFlushStep = 2;
+// The 32 packed words of one half (8 column-group pairs x {rows 0-7, 8-15} x 2 groups), weighted.
+__device__ __forceinline__ void pack_half(uint32_t (&v)[32], const float (&acc)[128], int half, float w0, float w1) {
+#pragma unroll
+  for (int gp = 0; gp < 8; ++gp) {  // column-group pairs (g, g + 1) of this half
+    const int g = 16 * half + 2 * gp;
+    v[4 * gp + 0] = pack_bf16x2(w0 * acc[4 * g + 0], w0 * acc[4 * g + 1]);              // rows 0-7, group g
+    v[4 * gp + 1] = pack_bf16x2(w1 * acc[4 * g + 2], w1 * acc[4 * g + 3]);              // rows 8-15, group g
+    v[4 * gp + 2] = pack_bf16x2(w0 * acc[4 * (g + 1) + 0], w0 * acc[4 * (g + 1) + 1]);  // rows 0-7, g + 1
+    v[4 * gp + 3] = pack_bf16x2(w1 * acc[4 * (g + 1) + 2], w1 * acc[4 * (g + 1) + 3]);  // rows 8-15, g + 1
+  }
+}
+// stmatrix of a packed half into the warpgroup's staging buffer (lane l: row l%8 (+8), pair half l/16).
+__device__ __forceinline__ void store_half(uint32_t stg, const uint32_t (&v)[32], int warp, int lane) {
+  const int mi = lane >> 3, rr = lane & 7;
+  const uint32_t row_addr = stg + uint32_t(16 * warp + rr + 8 * (mi & 1)) * 256u;
+#pragma unroll
+  for (int gp = 0; gp < 8; ++gp) {
+    const uint32_t w[4] = {v[4 * gp], v[4 * gp + 1], v[4 * gp + 2], v[4 * gp + 3]};
+    const int chunk = 2 * gp + (mi >> 1);
+    stmatrix_x4(row_addr + (uint32_t(chunk ^ rr) << 4), w);
+  }
+}
 #endif
 
 template <bool kCluster>
@@ -55,16 +97,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                     int hidden, int ffn, int group_tiles, int by_expert) {
+                     int hidden, int ffn, int group_tiles, int by_expert, int staged_epi) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
+  __shared__ __align__(8) uint64_t epi_bars[4];        // staged[0..1], drained[0..1] (staged epilogue)
   extern __shared__ uint8_t dyn_smem[];
 
   uint8_t* ring = align_1024(dyn_smem);
-  // Work items (see WorkItem in sm90_common.cuh): nn = ceil(hidden/256) output column blocks; by
-  // expert, the schedule's offsets live in shared memory after the ring.
-  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(ring + kStages * kStageBytes) : nullptr;
+  // After the ring: the staged epilogue's buffers (kDownStagingBytes), then - by expert - the work
+  // schedule's offsets. Work items (see WorkItem in sm90_common.cuh): nn = ceil(hidden/256) column blocks.
+  uint8_t* staging = ring + kStages * kStageBytes;
+  int32_t* stage_rows = reinterpret_cast<int32_t*>(staging + 2 * kStageHalfBytes);  // [2][64] out rows
+  int2* stage_hdr = reinterpret_cast<int2*>(stage_rows + 128);                        // [2] (n0, compute)
+  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kDownStagingBytes : 0)) : nullptr;
   const WorkGrid grid = make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched);
   if (work_first<kCluster>() >= grid.items) return;  // no work (in a cluster: both CTAs alike)
 
@@ -73,6 +119,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full0 = smem_u32(&bars[0]);
   const uint32_t empty0 = smem_u32(&bars[kStages]);
 
+  const uint32_t staged0 = smem_u32(&epi_bars[0]), drained0 = smem_u32(&epi_bars[2]);
+  if (threadIdx.x == 0) {  // before init_ring_barriers' fence and CTA (cluster) barrier
+    for (int c = 0; c < 2; ++c) {
+      mbar_init(staged0 + 8 * c, 128);
+      mbar_init(drained0 + 8 * c, kReducerWarps);
+    }
+  }
   init_ring_barriers<kCluster>(full0, empty0, 1);  // full: the producer's arrive.expect_tx
 
   const int wg = int(threadIdx.x / 128);
@@ -83,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    setmaxnreg_dec<56>();
+    setmaxnreg_dec<kDownProducerRegs>();
     if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_act);
@@ -129,10 +182,39 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (staged_epi) {
+      // ---------------- reducers (warps 1..3): staged halves -> out ----------------
+      grid_dependency_wait();  // out is written only after the UP grid (and the zeroing before it)
+      const int rw = int(threadIdx.x / 32) - 1;  // 0 .. kReducerWarps-1
+      const int lane = int(threadIdx.x & 31);
+      const int j = lane & 15;  // 16-byte chunk of the row
+      uint32_t ph = 0;          // phases of staged[c] / drained[c] used so far (same for both c)
+      for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
+        for (int half = 0; half < 2; ++half, ++ph) {
+          for (int c = 0; c < 2; ++c) {
+            mbar_wait(staged0 + 8 * c, ph & 1u);
+            const int2 hd = stage_hdr[c];
+            const int col0 = hd.x + 128 * half;
+            if (hd.y != 0 && col0 < hidden) {  // (hidden % 256 == 128: the last block's upper half is out)
+              const uint32_t stg = smem_u32(staging) + uint32_t(c) * kStageHalfBytes;
+#pragma unroll 4
+              for (int rp = rw; rp < 32; rp += kReducerWarps) {  // row pairs: a half warp per row
+                const int r = 2 * rp + (lane >> 4);
+                const int32_t orow = stage_rows[64 * c + r];
+                uint32_t v[4];
+                ld_shared_16(stg + uint32_t(r) * 256u + (uint32_t(j ^ (r & 7)) << 4), v);
+                if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
+              }
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(drained0 + 8 * c);
+          }
+        }
+      }
     }
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<224>();
+    setmaxnreg_inc<kDownConsumerRegs>();
     const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
     const int warp = int(threadIdx.x / 32) & 3;
     const int lane = int(threadIdx.x & 31);
@@ -147,6 +229,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
 
     uint32_t it = 0;
+    uint32_t epi_round = 0;  // staged halves handed to the reducers so far
+    const uint32_t stg = smem_u32(staging) + uint32_t(c) * kStageHalfBytes;
+    uint32_t held[32];        // the previous item's half 1, packed (staged epilogue)
+    bool held_compute = false, pending = false;
+    // Stores the held half once the reducers have drained the one before it.
+    auto flush_held = [&]() {
+      if (!pending) return;
+      mbar_wait(drained0 + 8 * c, (epi_round - 1) & 1u);
+      if (held_compute) store_half(stg, held, warp, lane);
+      mbar_arrive(staged0 + 8 * c);
+      ++epi_round;
+      pending = false;
+    };
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
       // This thread's two output rows (tile rows 64c + 16warp + lane/4, +8) and weights, loaded when
       // the item's first stage arrives; their latency hides under the main loop (the layout was
@@ -164,7 +259,34 @@ __global__ void __launch_bounds__(kThreads, 1)
                            prow[h] = pair_row[row0 + 8 * h];
                            pw[h] = pair_weight[row0 + 8 * h];
                          }
+                       },
+                       [&](int kt) {
+                         if (kt == kFlushStep) flush_held();
                        });
+      flush_held();  // (a main loop of kFlushStep stages or fewer)
+      if (staged_epi) {
+        // Half 0 goes to the staging buffer now (after the reducers have read the previous half);
+        // half 1 stays packed in registers and is stored during the next item's third k step (or
+        // after its main loop, or after the last item), when the reducers have long drained half 0.
+        // Also for a cluster's idle item (flagged in the header) so both sides walk the same phases.
+        if (epi_round > 0) mbar_wait(drained0 + 8 * c, (epi_round - 1) & 1u);
+        if (q == 0) {
+          stage_rows[64 * c + 16 * warp + (lane >> 2)] = prow[0];
+          stage_rows[64 * c + 16 * warp + (lane >> 2) + 8] = prow[1];
+        }
+        if ((threadIdx.x & 127) == 0) stage_hdr[c] = make_int2(iv.nb * kBN, iv.compute ? 1 : 0);
+        if (iv.compute) {
+          uint32_t v[32];
+          pack_half(v, acc, 0, pw[0], pw[1]);
+          store_half(stg, v, warp, lane);
+          pack_half(held, acc, 1, pw[0], pw[1]);
+        }
+        held_compute = iv.compute;
+        mbar_arrive(staged0 + 8 * c);
+        ++epi_round;
+        pending = true;
+        continue;
+      }
       if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
       const int n0 = iv.nb * kBN;
 
@@ -190,12 +312,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    flush_held();  // the last item's half 1
     grid_launch_dependents();
   }
   if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)group_tiles, (void)by_expert;
+      (void)group_tiles, (void)by_expert, (void)staged_epi;
 #endif
 }
 
@@ -210,8 +333,9 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, cluster ? kBN / 2 : kBN);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nn = (p.hidden + kBN - 1) / kBN;
-  const bool by_expert = sm90_order_by_expert(p.experts);
-  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts);
+  const bool staged = sm90_down_staged_epilogue();
+  const bool by_expert = sm90_down_order_by_expert(p.experts, staged);
+  const size_t smem = sm90_down_dyn_smem_bytes(by_expert, p.experts, staged);
   const int64_t items = sm90_work_items(tiles, p.experts, nn, cluster, by_expert);
   auto kernel = cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>;
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -234,7 +358,7 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   cfg.attrs = attr;
   cfg.numAttrs = n_attr;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out,
-                                      p.experts, p.hidden, p.ffn, sm90_group_tiles(), by_expert ? 1 : 0));
+                                      p.experts, p.hidden, p.ffn, sm90_group_tiles(), by_expert ? 1 : 0, staged ? 1 : 0));
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

@@ -57,6 +57,11 @@ bool sm90_order_by_expert(int experts);
 // of the thread waiting for them two stages later (cp.async.wait_group, "wait"): the producer then
 // runs kStages - 1 stages ahead as in TMA mode. EPMOE_SM90_GATHER_ARRIVE=async|wait.
 bool sm90_gather_async_arrive();
+// DOWN's epilogue: "staged" (the default) - the consumer warpgroups store each half of an item's
+// weighted result to shared memory (stmatrix) and go on, while the producer warpgroup's idle warps
+// reduce it into out; "direct" - the consumers reduce from registers (quad transpose + red).
+// EPMOE_SM90_DOWN_EPILOGUE=staged|direct.
+bool sm90_down_staged_epilogue();
 
 // xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);

@@ -49,6 +49,15 @@ size_t sm90_dyn_smem_bytes(bool by_expert, int experts) {
   return kDynSmemBytes + (by_expert ? expert_schedule_smem_bytes(experts) : 0);
 }
 
+size_t sm90_down_dyn_smem_bytes(bool by_expert, int experts, bool staged) {
+  return sm90_dyn_smem_bytes(by_expert, experts) + (staged ? kDownStagingBytes : 0);
+}
+
+bool sm90_down_order_by_expert(int experts, bool staged) {
+  return sm90_order_by_expert(experts) &&
+         sm90_down_dyn_smem_bytes(true, experts, staged) <= kMaxDynSmemBytes - kStaticSmemReserve;
+}
+
 int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool by_expert) {
   if (!cluster) return tiles * nn;
   return by_expert ? expert_items_bound(tiles, experts, nn, true) : (tiles + 1) / 2 * nn;
@@ -143,7 +152,15 @@ bool sm90_order_by_expert(int experts) {
     by_expert = v == "expert";
   }
   // The schedule's per-expert offsets must fit in shared memory next to the ring.
-  return by_expert && sm90::sm90_dyn_smem_bytes(true, experts) <= sm90::kMaxDynSmemBytes;
+  return by_expert && sm90::sm90_dyn_smem_bytes(true, experts) <= sm90::kMaxDynSmemBytes - sm90::kStaticSmemReserve;
+}
+bool sm90_down_staged_epilogue() {
+  const char* env = std::getenv("EPMOE_SM90_DOWN_EPILOGUE");
+  if (env == nullptr || env[0] == '\0') return true;
+  const std::string v(env);
+  EPMOE_CHECK(v == "staged" || v == "direct", ErrorCode::invalid_argument,
+              "EPMOE_SM90_DOWN_EPILOGUE must be staged or direct, got '", v, "'");
+  return v == "staged";
 }
 bool sm90_gather_async_arrive() {
   const char* env = std::getenv("EPMOE_SM90_GATHER_ARRIVE");

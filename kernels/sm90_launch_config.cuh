@@ -25,9 +25,14 @@ unsigned sm90_grid(int64_t items, const char* who);
 unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
                            const char* who);
 
-// Dynamic shared memory of both kernels: the ring, plus the by-expert schedule's offsets.
+// Dynamic shared memory of both kernels: the ring, plus the by-expert schedule's offsets. The opt-in
+// limit covers static shared memory too (kStaticSmemReserve, the barriers and item slots).
 inline constexpr size_t kMaxDynSmemBytes = 227 * 1024;  // sm_90 opt-in limit per block
 size_t sm90_dyn_smem_bytes(bool by_expert, int experts);
+// DOWN's: the same plus the staged epilogue's buffers when `staged`; and whether DOWN runs by expert
+// (EPMOE_SM90_ORDER=expert and the schedule fits next to those buffers, else the global order).
+size_t sm90_down_dyn_smem_bytes(bool by_expert, int experts, bool staged);
+bool sm90_down_order_by_expert(int experts, bool staged);
 
 // Work items (cluster mode: cluster items) to size the grid from `tiles` = the capacity's row tiles:
 // an upper bound of what the device schedule counts from padded_offsets.

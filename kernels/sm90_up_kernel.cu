@@ -39,6 +39,11 @@
 namespace epmoe::kernels {
 namespace sm90 {
 
+// Registers per thread after setmaxnreg (see the header comment): the gathering producer spilled at
+// 56-80, the consumers need 200.
+inline constexpr uint32_t kUpProducerRegs = 88, kUpConsumerRegs = 200;
+static_assert(setmaxnreg_split_fits(kUpProducerRegs, kUpConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
+
 #if EPMOE_SM90A_DEVICE
 inline constexpr int kProducerThreads = 128;
 // "wait" signalling (EPMOE_SM90_GATHER_ARRIVE=wait; the default "async" lets cp.async.mbarrier.arrive
@@ -203,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    setmaxnreg_dec<88>();
+    setmaxnreg_dec<kUpProducerRegs>();
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
                                  full0, empty0, grid, gather_async_arrive != 0, item_slots);
@@ -235,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<200>();
+    setmaxnreg_inc<kUpConsumerRegs>();
     const int c = wg - 1;  // rows [64c, 64c + 64) of each tile
     const int warp = int(threadIdx.x / 32) & 3;
     const int lane = int(threadIdx.x & 31);
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
       float acc[128];
       const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, cp_fence, item_slots, release,
-                                       [](const ItemView&) {});
+                                       [](const ItemView&) {}, [](int) {});
       if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to write
       const int j = iv.nb;
 

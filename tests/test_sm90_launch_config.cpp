@@ -130,6 +130,48 @@ TEST(Sm90Knobs, WorkOrder) {
   EXPECT_LE(sm90_dyn_smem_bytes(true, 4096), kMaxDynSmemBytes);
 }
 
+TEST(Sm90Knobs, DownEpilogue) {
+  using epmoe::kernels::sm90_down_staged_epilogue;
+  using epmoe::kernels::sm90::kDownStagingBytes;
+  using epmoe::kernels::sm90::kMaxDynSmemBytes;
+  using epmoe::kernels::sm90::kStaticSmemReserve;
+  using epmoe::kernels::sm90::sm90_down_dyn_smem_bytes;
+  using epmoe::kernels::sm90::sm90_down_order_by_expert;
+  using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
+  {
+    Env e("EPMOE_SM90_DOWN_EPILOGUE", nullptr);
+    EXPECT_TRUE(sm90_down_staged_epilogue());
+  }
+  {
+    Env e("EPMOE_SM90_DOWN_EPILOGUE", "direct");
+    EXPECT_FALSE(sm90_down_staged_epilogue());
+  }
+  for (const char* bad : {"Staged", "1", "smem"}) {
+    Env e("EPMOE_SM90_DOWN_EPILOGUE", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_down_staged_epilogue(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+  // The staging buffers fit next to the ring (and the static barriers) on their own.
+  EXPECT_EQ(sm90_down_dyn_smem_bytes(false, 32, true), sm90_dyn_smem_bytes(false, 32) + kDownStagingBytes);
+  EXPECT_LE(sm90_down_dyn_smem_bytes(false, 1 << 20, true), kMaxDynSmemBytes - kStaticSmemReserve);
+  EXPECT_EQ(sm90_down_dyn_smem_bytes(true, 32, false), sm90_dyn_smem_bytes(true, 32));
+  {
+    Env e("EPMOE_SM90_ORDER", "expert");
+    // Staged: the schedule fits next to the buffers for up to ~150 experts, beyond that DOWN runs
+    // the global order while UP stays by expert; direct: as UP.
+    EXPECT_TRUE(sm90_down_order_by_expert(128, true));
+    EXPECT_FALSE(sm90_down_order_by_expert(256, true));
+    EXPECT_TRUE(sm90_down_order_by_expert(256, false));
+    EXPECT_TRUE(epmoe::kernels::sm90_order_by_expert(256));
+    for (int E : {1, 64, 128, 169, 170, 171, 200, 4096})
+      if (sm90_down_order_by_expert(E, true))
+        EXPECT_LE(sm90_down_dyn_smem_bytes(true, E, true), kMaxDynSmemBytes - kStaticSmemReserve) << E;
+  }
+  {
+    Env e("EPMOE_SM90_ORDER", nullptr);
+    EXPECT_FALSE(sm90_down_order_by_expert(32, true));
+  }
+}
+
 TEST(Sm90Knobs, GridItemBound) {
   using epmoe::kernels::sm90::sm90_work_items;
   EXPECT_EQ(sm90_work_items(10, 4, 8, false, true), 80);

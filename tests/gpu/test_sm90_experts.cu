@@ -757,6 +757,29 @@ TEST(Sm90Experts, GatherArriveWaitClusterOneExpertE8K2H2048F768T1100) {
   run_case(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 36));
 }
 
+// DOWN's direct epilogue (EPMOE_SM90_DOWN_EPILOGUE=direct: the consumers reduce from registers; the
+// default stages each half item in shared memory for the producer warpgroup's reducer warps): the
+// small case (sanitizers), a half-out-of-range last column block, clusters with idle ranks.
+TEST(Sm90Experts, DownDirectSmallE4K2H256F256T64) {
+  EnvGuard epi("EPMOE_SM90_DOWN_EPILOGUE", "direct");
+  run_case(with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 46));
+}
+TEST(Sm90Experts, DownDirectHalfTileE4K2H640F768T300) {
+  EnvGuard epi("EPMOE_SM90_DOWN_EPILOGUE", "direct");
+  run_case(with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 47));
+}
+TEST(Sm90Experts, DownDirectClusterOneExpertOddTilesE8K2H2048F768T1100) {
+  EnvGuard epi("EPMOE_SM90_DOWN_EPILOGUE", "direct");
+  EnvGuard cluster("EPMOE_SM90_CLUSTER", "1");
+  run_case(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 48));
+}
+// By expert with more experts than DOWN's schedule fits next to its staging buffers: UP runs by
+// expert, DOWN in the global order.
+TEST(Sm90Experts, ByExpertManyExpertsE256K8H256F256T2048) {
+  EnvGuard order("EPMOE_SM90_ORDER", "expert");
+  run_case(with({256, 8, 256, 256, 2048, Route::zipf, 0, 64}, 49));
+}
+
 // Byte and element offsets past 2^31 in xs, act-free dims, and out: 310k rows of 7168.
 TEST(Sm90Experts, Large64BitOffsets) {
   size_t free_b = 0, total_b = 0;
