@@ -124,6 +124,16 @@ int env_int(const char* name, int fallback) {
               " must be a non-negative integer, got '", env, "'");
   return int(v);
 }
+// A two-valued string knob: true for `yes`, false for `no`, `fallback` when unset or empty; anything
+// else is an invalid_argument naming both values.
+bool env_choice(const char* name, const char* yes, const char* no, bool fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || env[0] == '\0') return fallback;
+  const std::string v(env);
+  EPMOE_CHECK(v == yes || v == no, ErrorCode::invalid_argument, name, " must be ", yes, " or ", no, ", got '", v,
+              "'");
+  return v == yes;
+}
 }  // namespace
 
 int sm90_cluster_mode() {
@@ -143,31 +153,10 @@ int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
 bool sm90_order_by_expert(int experts) {
   // Default global: the by-expert order cut DRAM reads by a third at 7168 but measured 0.5-2% slower
   // in same-process A/Bs (docs/PERF.md, session 5).
-  const char* env = std::getenv("EPMOE_SM90_ORDER");
-  bool by_expert = false;
-  if (env != nullptr && env[0] != '\0') {
-    const std::string v(env);
-    EPMOE_CHECK(v == "expert" || v == "global", ErrorCode::invalid_argument,
-                "EPMOE_SM90_ORDER must be expert or global, got '", v, "'");
-    by_expert = v == "expert";
-  }
+  const bool by_expert = env_choice("EPMOE_SM90_ORDER", "expert", "global", false);
   // The schedule's per-expert offsets must fit in shared memory next to the ring.
   return by_expert && sm90::sm90_dyn_smem_bytes(true, experts) <= sm90::kMaxDynSmemBytes - sm90::kStaticSmemReserve;
 }
-bool sm90_down_staged_epilogue() {
-  const char* env = std::getenv("EPMOE_SM90_DOWN_EPILOGUE");
-  if (env == nullptr || env[0] == '\0') return true;
-  const std::string v(env);
-  EPMOE_CHECK(v == "staged" || v == "direct", ErrorCode::invalid_argument,
-              "EPMOE_SM90_DOWN_EPILOGUE must be staged or direct, got '", v, "'");
-  return v == "staged";
-}
-bool sm90_gather_async_arrive() {
-  const char* env = std::getenv("EPMOE_SM90_GATHER_ARRIVE");
-  if (env == nullptr || env[0] == '\0') return true;
-  const std::string v(env);
-  EPMOE_CHECK(v == "async" || v == "wait", ErrorCode::invalid_argument,
-              "EPMOE_SM90_GATHER_ARRIVE must be async or wait, got '", v, "'");
-  return v == "async";
-}
+bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
+bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels
