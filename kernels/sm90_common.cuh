@@ -49,6 +49,9 @@ inline constexpr bool setmaxnreg_split_fits(uint32_t producer_regs, uint32_t con
 inline constexpr int kReducerWarps = 3;
 inline constexpr uint32_t kStageHalfBytes = 64 * 128 * 2;  // 16 KB
 inline constexpr size_t kDownStagingBytes = 2 * size_t(kStageHalfBytes) + 2 * 64 * sizeof(int32_t) + 2 * 8;
+// UP's staged epilogue: per consumer warpgroup its 64 rows x 128 activation columns as two TMA boxes
+// of 64 rows x 64 columns (128B-swizzled, 8 KB each), after the ring.
+inline constexpr uint32_t kUpStagingBytes = 2 * 2 * 64 * 128;  // 32 KB
 // Static shared memory of a kernel (barriers, item slots), which the opt-in limit also covers.
 inline constexpr size_t kStaticSmemReserve = 256;
 static_assert(kBM == 128, "the consumer split (2 warpgroups x 64 rows) assumes 128-row tiles");
@@ -310,6 +313,22 @@ __device__ __forceinline__ void ld_shared_16(uint32_t addr, uint32_t (&w)[4]) {
                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
                : "r"(addr)
                : "memory");
+}
+
+// TMA tile store shared -> global (bulk-group completion) and its waits.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// The source shared memory of all committed bulk stores may be rewritten.
+__device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// All committed bulk stores have completed (their global writes done).
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// Barrier among `threads` threads of the CTA on named barrier `id` (1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // 4x4 transpose of 32-bit words across the 4 lanes of a quad (lanes 4i..4i+3), q = lane % 4:

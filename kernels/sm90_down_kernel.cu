@@ -232,15 +232,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t epi_round = 0;  // staged halves handed to the reducers so far
     const uint32_t stg = smem_u32(staging) + uint32_t(c) * kStageHalfBytes;
     uint32_t held[32];        // the previous item's half 1, packed (staged epilogue)
-    bool held_compute = false, pending = false;
-    // Stores the held half once the reducers have drained the one before it.
+    bool held_compute = false;
+    // Stores the held half (there is one exactly when epi_round is odd: half 0 of its item went out)
+    // once the reducers have drained the one before it.
     auto flush_held = [&]() {
-      if (!pending) return;
+      if ((epi_round & 1u) == 0) return;
       mbar_wait(drained0 + 8 * c, (epi_round - 1) & 1u);
       if (held_compute) store_half(stg, held, warp, lane);
       mbar_arrive(staged0 + 8 * c);
       ++epi_round;
-      pending = false;
     };
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
       // This thread's two output rows (tile rows 64c + 16warp + lane/4, +8) and weights, loaded when
@@ -284,7 +284,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         held_compute = iv.compute;
         mbar_arrive(staged0 + 8 * c);
         ++epi_round;
-        pending = true;
         continue;
       }
       if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
@@ -334,31 +333,13 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nn = (p.hidden + kBN - 1) / kBN;
   const bool staged = sm90_down_staged_epilogue();
-  const bool by_expert = sm90_down_order_by_expert(p.experts, staged);
-  const size_t smem = sm90_down_dyn_smem_bytes(by_expert, p.experts, staged);
+  const size_t staging = staged ? kDownStagingBytes : 0;
+  const bool by_expert = sm90_kernel_order_by_expert(p.experts, staging);
+  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, staging);
   const int64_t items = sm90_work_items(tiles, p.experts, nn, cluster, by_expert);
-  auto kernel = cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>;
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(cluster ? sm90_cluster_grid(items, reinterpret_cast<const void*>(kernel), smem, s,
-                                                 "sm90_down_launch")
-                             : sm90_grid(items, "sm90_down_launch"));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  unsigned n_attr = 0;
-  if (pdl) {
-    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attr;
-  }
-  if (cluster) attr[n_attr++] = sm90_cluster_pair_attr();
-  cfg.attrs = attr;
-  cfg.numAttrs = n_attr;
-  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out,
-                                      p.experts, p.hidden, p.ffn, sm90_group_tiles(), by_expert ? 1 : 0, staged ? 1 : 0));
+  sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, items, smem, s,
+              "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
+              p.hidden, p.ffn, sm90_group_tiles(), by_expert ? 1 : 0, staged ? 1 : 0);
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

@@ -22,6 +22,7 @@
 //   EPMOE_SM90_ORDER=global|expert  groups cut from the global tile sequence (default) or inside
 //                            each expert (sm90_order_by_expert)
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
+//   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
 //                            gather from x (sm90_fused_gather_enabled)
 #pragma once
@@ -62,6 +63,10 @@ bool sm90_gather_async_arrive();
 // reduce it into out; "direct" - the consumers reduce from registers (quad transpose + red).
 // EPMOE_SM90_DOWN_EPILOGUE=staged|direct.
 bool sm90_down_staged_epilogue();
+// UP's epilogue: "staged" (the default) - SwiGLU to shared memory with stmatrix and a TMA store of
+// act that runs on under the next item; "direct" - quad transpose and 16-byte stores from registers.
+// EPMOE_SM90_UP_EPILOGUE=staged|direct.
+bool sm90_up_staged_epilogue();
 
 // xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);

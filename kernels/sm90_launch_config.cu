@@ -35,27 +35,34 @@ void check_expert_problem(const ExpertProblem& p, const char* who) {
   EPMOE_CHECK(p.x == nullptr || p.x_rows > 0, ErrorCode::invalid_argument, who, ": x given with x_rows = ", p.x_rows);
 }
 
-unsigned sm90_grid(int64_t items, const char* who) {
-  EPMOE_CHECK(items > 0 && items <= 0x7fffffff, ErrorCode::invalid_argument, who, ": work items out of range: ", items);
+namespace {
+// Persistent grids unless EPMOE_SM90_PERSISTENT=0 (one CTA or cluster per item).
+bool persistent_grid() {
   const char* env = std::getenv("EPMOE_SM90_PERSISTENT");
-  if (env != nullptr && env[0] == '0') return unsigned(items);
+  return env == nullptr || env[0] != '0';
+}
+int device_sm_count(int* dev_out = nullptr) {
   int dev = 0, sms = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return unsigned(std::min<int64_t>(items, std::max(sms, 1)));
+  if (dev_out != nullptr) *dev_out = dev;
+  return std::max(sms, 1);
+}
+}  // namespace
+
+unsigned sm90_grid(int64_t items, const char* who) {
+  EPMOE_CHECK(items > 0 && items <= 0x7fffffff, ErrorCode::invalid_argument, who, ": work items out of range: ", items);
+  if (!persistent_grid()) return unsigned(items);
+  return unsigned(std::min<int64_t>(items, device_sm_count()));
 }
 
-size_t sm90_dyn_smem_bytes(bool by_expert, int experts) {
-  return kDynSmemBytes + (by_expert ? expert_schedule_smem_bytes(experts) : 0);
+size_t sm90_dyn_smem_bytes(bool by_expert, int experts, size_t staging) {
+  return kDynSmemBytes + staging + (by_expert ? expert_schedule_smem_bytes(experts) : 0);
 }
 
-size_t sm90_down_dyn_smem_bytes(bool by_expert, int experts, bool staged) {
-  return sm90_dyn_smem_bytes(by_expert, experts) + (staged ? kDownStagingBytes : 0);
-}
-
-bool sm90_down_order_by_expert(int experts, bool staged) {
+bool sm90_kernel_order_by_expert(int experts, size_t staging) {
   return sm90_order_by_expert(experts) &&
-         sm90_down_dyn_smem_bytes(true, experts, staged) <= kMaxDynSmemBytes - kStaticSmemReserve;
+         sm90_dyn_smem_bytes(true, experts, staging) <= kMaxDynSmemBytes - kStaticSmemReserve;
 }
 
 int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool by_expert) {
@@ -76,11 +83,9 @@ unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn
                            const char* who) {
   EPMOE_CHECK(cluster_items > 0 && cluster_items <= 0x3fffffff, ErrorCode::invalid_argument, who,
               ": cluster work items out of range: ", cluster_items);
-  const char* env = std::getenv("EPMOE_SM90_PERSISTENT");
-  if (env != nullptr && env[0] == '0') return unsigned(2 * cluster_items);
-  int dev = 0, sms = 0;
-  EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
-  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  if (!persistent_grid()) return unsigned(2 * cluster_items);
+  int dev = 0;
+  const int sms = device_sm_count(&dev);
   static std::mutex mu;
   static std::map<std::pair<const void*, int>, int> cache;  // (kernel, device) -> active clusters
   // Under stream capture the occupancy query is not made (it is not a stream operation, but keep
@@ -157,6 +162,9 @@ bool sm90_order_by_expert(int experts) {
   // The schedule's per-expert offsets must fit in shared memory next to the ring.
   return by_expert && sm90::sm90_dyn_smem_bytes(true, experts) <= sm90::kMaxDynSmemBytes - sm90::kStaticSmemReserve;
 }
+// Default staged: same-process A/B (session 7) B/A 0.989 / 0.994 / 0.977 / 0.998 / 0.989 on the five
+// bench shapes (docs/PERF.md).
+bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

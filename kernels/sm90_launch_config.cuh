@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda_check.cuh"
 #include "kernels/expert_problem.cuh"
+#include "kernels/sm90_common.cuh"
 
 namespace epmoe::kernels::sm90 {
 // Throws Error(invalid_argument) unless p meets sm90_experts.cuh's requirements.
@@ -25,14 +27,16 @@ unsigned sm90_grid(int64_t items, const char* who);
 unsigned sm90_cluster_grid(int64_t cluster_items, const void* kernel, size_t dyn_smem, cudaStream_t stream,
                            const char* who);
 
-// Dynamic shared memory of both kernels: the ring, plus the by-expert schedule's offsets. The opt-in
-// limit covers static shared memory too (kStaticSmemReserve, the barriers and item slots).
+// Dynamic shared memory of a kernel: the ring, then `staging` bytes of its epilogue's buffers, then
+// (by expert) the schedule's offsets. The opt-in limit covers static shared memory too
+// (kStaticSmemReserve, the barriers and item slots).
 inline constexpr size_t kMaxDynSmemBytes = 227 * 1024;  // sm_90 opt-in limit per block
-size_t sm90_dyn_smem_bytes(bool by_expert, int experts);
-// DOWN's: the same plus the staged epilogue's buffers when `staged`; and whether DOWN runs by expert
-// (EPMOE_SM90_ORDER=expert and the schedule fits next to those buffers, else the global order).
-size_t sm90_down_dyn_smem_bytes(bool by_expert, int experts, bool staged);
-bool sm90_down_order_by_expert(int experts, bool staged);
+size_t sm90_dyn_smem_bytes(bool by_expert, int experts, size_t staging = 0);
+// Whether a kernel with `staging` bytes of epilogue buffers runs by expert: EPMOE_SM90_ORDER=expert
+// (sm90_order_by_expert) and the schedule fits next to the ring and those buffers; else the global
+// order. UP and DOWN decide separately (DOWN's staging is larger: with many experts UP can run by
+// expert while DOWN runs the global order; both orders are correct for either kernel).
+bool sm90_kernel_order_by_expert(int experts, size_t staging);
 
 // Work items (cluster mode: cluster items) to size the grid from `tiles` = the capacity's row tiles:
 // an upper bound of what the device schedule counts from padded_offsets.
@@ -40,4 +44,30 @@ int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool b
 
 // The launch attribute that makes a grid 2-CTA clusters along x.
 cudaLaunchAttribute sm90_cluster_pair_attr();
+
+// Launches an sm_90a UP or DOWN kernel over `items` work items (cluster items when `cluster`) on its
+// grid (sm90_grid / sm90_cluster_grid) with `smem` bytes of dynamic shared memory, as 2-CTA clusters
+// when `cluster` and as the programmatic dependent of the stream's previous kernel when `pdl`.
+template <typename... Params, typename... Args>
+void sm90_launch(void (*kernel)(Params...), bool cluster, bool pdl, int64_t items, size_t smem, cudaStream_t s,
+                 const char* who, Args... args) {
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(cluster ? sm90_cluster_grid(items, reinterpret_cast<const void*>(kernel), smem, s, who)
+                             : sm90_grid(items, who));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n_attr = 0;
+  if (pdl) {
+    attr[n_attr].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n_attr].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attr;
+  }
+  if (cluster) attr[n_attr++] = sm90_cluster_pair_attr();
+  cfg.attrs = attr;
+  cfg.numAttrs = n_attr;
+  EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
 }  // namespace epmoe::kernels::sm90

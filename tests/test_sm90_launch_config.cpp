@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "epmoe/error.h"
@@ -29,7 +30,7 @@ struct Env {
   ~Env() { unsetenv(name.c_str()); }
 };
 
-epmoe::ErrorCode code_of(void (*f)()) {
+epmoe::ErrorCode code_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const epmoe::Error& e) {
@@ -130,45 +131,61 @@ TEST(Sm90Knobs, WorkOrder) {
   EXPECT_LE(sm90_dyn_smem_bytes(true, 4096), kMaxDynSmemBytes);
 }
 
-TEST(Sm90Knobs, DownEpilogue) {
-  using epmoe::kernels::sm90_down_staged_epilogue;
+// A two-valued epilogue knob: its default, both values, and bad values rejected.
+void check_epilogue_knob(const char* name, bool (*staged)()) {
+  {
+    Env e(name, nullptr);
+    EXPECT_TRUE(staged()) << name;
+  }
+  {
+    Env e(name, "direct");
+    EXPECT_FALSE(staged()) << name;
+  }
+  {
+    Env e(name, "staged");
+    EXPECT_TRUE(staged()) << name;
+  }
+  for (const char* bad : {"Staged", "1", "smem"}) {
+    Env e(name, bad);
+    EXPECT_EQ(code_of([staged] { (void)staged(); }), epmoe::ErrorCode::invalid_argument) << name << "=" << bad;
+  }
+}
+
+TEST(Sm90Knobs, Epilogues) {
   using epmoe::kernels::sm90::kDownStagingBytes;
   using epmoe::kernels::sm90::kMaxDynSmemBytes;
   using epmoe::kernels::sm90::kStaticSmemReserve;
-  using epmoe::kernels::sm90::sm90_down_dyn_smem_bytes;
-  using epmoe::kernels::sm90::sm90_down_order_by_expert;
+  using epmoe::kernels::sm90::kUpStagingBytes;
   using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
-  {
-    Env e("EPMOE_SM90_DOWN_EPILOGUE", nullptr);
-    EXPECT_TRUE(sm90_down_staged_epilogue());
+  using epmoe::kernels::sm90::sm90_kernel_order_by_expert;
+  check_epilogue_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue);
+  check_epilogue_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue);
+  // Each kernel's staging buffers fit next to the ring (and the static barriers) on their own.
+  for (size_t staging : {size_t(kUpStagingBytes), kDownStagingBytes}) {
+    EXPECT_EQ(sm90_dyn_smem_bytes(false, 32, staging), sm90_dyn_smem_bytes(false, 32) + staging);
+    EXPECT_LE(sm90_dyn_smem_bytes(false, 1 << 20, staging), kMaxDynSmemBytes - kStaticSmemReserve);
   }
-  {
-    Env e("EPMOE_SM90_DOWN_EPILOGUE", "direct");
-    EXPECT_FALSE(sm90_down_staged_epilogue());
-  }
-  for (const char* bad : {"Staged", "1", "smem"}) {
-    Env e("EPMOE_SM90_DOWN_EPILOGUE", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_down_staged_epilogue(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
-  // The staging buffers fit next to the ring (and the static barriers) on their own.
-  EXPECT_EQ(sm90_down_dyn_smem_bytes(false, 32, true), sm90_dyn_smem_bytes(false, 32) + kDownStagingBytes);
-  EXPECT_LE(sm90_down_dyn_smem_bytes(false, 1 << 20, true), kMaxDynSmemBytes - kStaticSmemReserve);
-  EXPECT_EQ(sm90_down_dyn_smem_bytes(true, 32, false), sm90_dyn_smem_bytes(true, 32));
+  EXPECT_EQ(sm90_dyn_smem_bytes(true, 32, kUpStagingBytes),
+            sm90_dyn_smem_bytes(true, 32) + kUpStagingBytes);  // schedule after the staging
   {
     Env e("EPMOE_SM90_ORDER", "expert");
-    // Staged: the schedule fits next to the buffers for up to ~150 experts, beyond that DOWN runs
-    // the global order while UP stays by expert; direct: as UP.
-    EXPECT_TRUE(sm90_down_order_by_expert(128, true));
-    EXPECT_FALSE(sm90_down_order_by_expert(256, true));
-    EXPECT_TRUE(sm90_down_order_by_expert(256, false));
+    // With DOWN's staging the schedule fits for up to ~150 experts, with UP's for a few more; beyond
+    // that the kernel runs the global order; without staging as sm90_order_by_expert.
+    EXPECT_TRUE(sm90_kernel_order_by_expert(128, kDownStagingBytes));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(256, kDownStagingBytes));
+    EXPECT_TRUE(sm90_kernel_order_by_expert(128, kUpStagingBytes));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(256, kUpStagingBytes));
+    EXPECT_TRUE(sm90_kernel_order_by_expert(256, 0));
     EXPECT_TRUE(epmoe::kernels::sm90_order_by_expert(256));
-    for (int E : {1, 64, 128, 169, 170, 171, 200, 4096})
-      if (sm90_down_order_by_expert(E, true))
-        EXPECT_LE(sm90_down_dyn_smem_bytes(true, E, true), kMaxDynSmemBytes - kStaticSmemReserve) << E;
+    for (size_t staging : {size_t(0), size_t(kUpStagingBytes), kDownStagingBytes})
+      for (int E : {1, 64, 128, 150, 169, 170, 171, 200, 4096, 8192})
+        if (sm90_kernel_order_by_expert(E, staging))
+          EXPECT_LE(sm90_dyn_smem_bytes(true, E, staging), kMaxDynSmemBytes - kStaticSmemReserve) << E;
   }
   {
     Env e("EPMOE_SM90_ORDER", nullptr);
-    EXPECT_FALSE(sm90_down_order_by_expert(32, true));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(32, kDownStagingBytes));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(32, 0));
   }
 }
 

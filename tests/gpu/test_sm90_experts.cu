@@ -510,12 +510,15 @@ void run_case(const Case& cs) {
 
 // Sets an environment variable for one test (the sm90 launchers read theirs at every launch).
 struct EnvGuard {
-  std::string name;
-  EnvGuard(const char* n, const char* v) : name(n) {  // v null: unset (the built-in default)
+  std::string name;  // empty: no variable (n null)
+  EnvGuard(const char* n, const char* v) : name(n != nullptr ? n : "") {  // v null: unset (the default)
+    if (name.empty()) return;
     if (v) setenv(n, v, 1);
     else unsetenv(n);
   }
-  ~EnvGuard() { unsetenv(name.c_str()); }
+  ~EnvGuard() {
+    if (!name.empty()) unsetenv(name.c_str());
+  }
 };
 
 // ---- tests --------------------------------------------------------------------------------------
@@ -653,6 +656,8 @@ struct Variant {
   const char* group;    // EPMOE_SM90_GROUP
   Case c;
   const char* order = nullptr;  // EPMOE_SM90_ORDER (unset: the default, global)
+  const char* knob = nullptr;   // one more EPMOE_SM90_* variable set to `value` (the non-default paths)
+  const char* value = nullptr;
 };
 Case with(Case c, int seed, Mode mode = Mode::experts_launch) {
   c.seed = uint64_t(seed);
@@ -721,6 +726,37 @@ const std::vector<Variant>& variants() {
        with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 44), "expert"},
       {"ByExpertClusterSeparateGatherUniformE8K4H7168F2048T512", "1", "16",
        separate(with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 45)), "expert"},
+      {"ByExpertManyExpertsE256K8H256F256T2048", "0", "16", with({256, 8, 256, 256, 2048, Route::zipf, 0, 64}, 49),
+       "expert"},  // more experts than DOWN's schedule fits next to its staging: UP by expert, DOWN global
+      // One CTA (cluster) per work item, no persistent loop.
+      {"ClusterNonPersistentGrid", "1", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 300, 32}, 22), nullptr,
+       "EPMOE_SM90_PERSISTENT", "0"},
+      // The gathering producer's older signalling (each thread waits for its copies two stages later
+      // and arrives itself) on single CTAs and clusters.
+      {"GatherArriveWaitSmallE4K2H256F256T64", "0", "16", {4, 2, 256, 256, 64, Route::uniform, 0, 64}, nullptr,
+       "EPMOE_SM90_GATHER_ARRIVE", "wait"},
+      {"GatherArriveWaitZipfE32K4H2048F1024T4096", "0", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 35),
+       nullptr, "EPMOE_SM90_GATHER_ARRIVE", "wait"},
+      {"GatherArriveWaitClusterOneExpertE8K2H2048F768T1100", "1", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 36), nullptr, "EPMOE_SM90_GATHER_ARRIVE", "wait"},
+      // DOWN's direct epilogue (the consumers reduce from registers): the small case (sanitizers), a
+      // half-out-of-range last column block, clusters with idle ranks.
+      {"DownDirectSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 46), nullptr,
+       "EPMOE_SM90_DOWN_EPILOGUE", "direct"},
+      {"DownDirectHalfTileE4K2H640F768T300", "0", "16", with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 47), nullptr,
+       "EPMOE_SM90_DOWN_EPILOGUE", "direct"},
+      {"DownDirectClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 48), nullptr, "EPMOE_SM90_DOWN_EPILOGUE", "direct"},
+      // UP's direct epilogue (quad transpose, 16-byte stores of act from registers).
+      {"UpDirectSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 50), nullptr,
+       "EPMOE_SM90_UP_EPILOGUE", "direct"},
+      {"UpDirectZipfE64K8H4096F768T1024", "0", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 51), nullptr,
+       "EPMOE_SM90_UP_EPILOGUE", "direct"},
+      {"UpDirectClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 52), nullptr, "EPMOE_SM90_UP_EPILOGUE", "direct"},
+      {"UpDirectSeparateGatherGraphCaptured", "0", "16",
+       separate(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 53, Mode::graph)), nullptr,
+       "EPMOE_SM90_UP_EPILOGUE", "direct"},
   };
   return v;
 }
@@ -730,56 +766,11 @@ TEST_P(Sm90Variant, MatchesReference) {
   EnvGuard cluster("EPMOE_SM90_CLUSTER", GetParam().cluster);
   EnvGuard group("EPMOE_SM90_GROUP", GetParam().group);
   EnvGuard order("EPMOE_SM90_ORDER", GetParam().order);
+  EnvGuard knob(GetParam().knob, GetParam().value);
   run_case(GetParam().c);
 }
 INSTANTIATE_TEST_SUITE_P(Sm90Experts, Sm90Variant, ::testing::ValuesIn(variants()),
                          [](const ::testing::TestParamInfo<Variant>& info) { return std::string(info.param.name); });
-// One cluster per work item (no persistent loop).
-TEST(Sm90Experts, ClusterNonPersistentGrid) {
-  EnvGuard cluster("EPMOE_SM90_CLUSTER", "1");
-  EnvGuard persistent("EPMOE_SM90_PERSISTENT", "0");
-  run_case(with({32, 4, 2048, 1024, 4096, Route::zipf, 300, 32}, 22));
-}
-
-// The gathering producer's older signalling (EPMOE_SM90_GATHER_ARRIVE=wait: each thread waits for
-// its copies two stages later and arrives itself) on single CTAs and clusters.
-TEST(Sm90Experts, GatherArriveWaitSmallE4K2H256F256T64) {
-  EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
-  run_case({4, 2, 256, 256, 64, Route::uniform, 0, 64});
-}
-TEST(Sm90Experts, GatherArriveWaitZipfE32K4H2048F1024T4096) {
-  EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
-  run_case(with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 35));
-}
-TEST(Sm90Experts, GatherArriveWaitClusterOneExpertE8K2H2048F768T1100) {
-  EnvGuard arrive("EPMOE_SM90_GATHER_ARRIVE", "wait");
-  EnvGuard cluster("EPMOE_SM90_CLUSTER", "1");
-  run_case(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 36));
-}
-
-// DOWN's direct epilogue (EPMOE_SM90_DOWN_EPILOGUE=direct: the consumers reduce from registers; the
-// default stages each half item in shared memory for the producer warpgroup's reducer warps): the
-// small case (sanitizers), a half-out-of-range last column block, clusters with idle ranks.
-TEST(Sm90Experts, DownDirectSmallE4K2H256F256T64) {
-  EnvGuard epi("EPMOE_SM90_DOWN_EPILOGUE", "direct");
-  run_case(with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 46));
-}
-TEST(Sm90Experts, DownDirectHalfTileE4K2H640F768T300) {
-  EnvGuard epi("EPMOE_SM90_DOWN_EPILOGUE", "direct");
-  run_case(with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 47));
-}
-TEST(Sm90Experts, DownDirectClusterOneExpertOddTilesE8K2H2048F768T1100) {
-  EnvGuard epi("EPMOE_SM90_DOWN_EPILOGUE", "direct");
-  EnvGuard cluster("EPMOE_SM90_CLUSTER", "1");
-  run_case(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 48));
-}
-// By expert with more experts than DOWN's schedule fits next to its staging buffers: UP runs by
-// expert, DOWN in the global order.
-TEST(Sm90Experts, ByExpertManyExpertsE256K8H256F256T2048) {
-  EnvGuard order("EPMOE_SM90_ORDER", "expert");
-  run_case(with({256, 8, 256, 256, 2048, Route::zipf, 0, 64}, 49));
-}
-
 // Byte and element offsets past 2^31 in xs, act-free dims, and out: 310k rows of 7168.
 TEST(Sm90Experts, Large64BitOffsets) {
   size_t free_b = 0, total_b = 0;
