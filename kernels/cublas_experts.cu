@@ -123,6 +123,8 @@ void cublas_pointer_arrays_destroy(CublasPointerArrays& p) noexcept {
 void cublas_experts_launch(const ExpertProblem& p, const int64_t* off, const int64_t* counts, cublasHandle_t handle,
                            CublasPointerArrays& ptrs, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   const int El = p.experts, H = p.hidden, F = p.ffn;
+  EPMOE_CHECK(!p.zero_out, ErrorCode::invalid_argument,
+              "cublas_experts: ExpertProblem::zero_out is an sm_90 pipeline option; zero out before the call");
   const int64_t P = off[El];
   if (P == 0) return;
   EPMOE_CHECK(ptrs.experts >= El, ErrorCode::internal, "cublas_experts: pointer arrays for ", ptrs.experts,

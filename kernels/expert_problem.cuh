@@ -13,7 +13,8 @@
 //   w1[E_local, 2*ffn, hidden] bf16    rows 0..ffn-1 gate, ffn..2ffn-1 up
 //   w2[E_local, hidden, ffn] bf16
 //   act[rows_capacity, ffn] bf16       workspace: bf16(silu(gate) * up)
-//   out[out_rows, hidden] bf16         accumulator, zeroed before the experts run:
+//   out[out_rows, hidden] bf16         accumulator, zeroed before the experts run (by the caller, or
+//                                      with zero_out by the sm_90 UP kernel itself):
 //                                      out[pair_row[i]] += pair_weight[i] * (act[i] @ w2_e^T)
 #pragma once
 #include <cuda_bf16.h>
@@ -42,6 +43,10 @@ struct ExpertProblem {
   int experts = 0;            // E_local
   int hidden = 0;
   int ffn = 0;
+  // sm_90 path only: the UP kernel zeroes out[0, out_rows) itself, spread over its work items, so the
+  // zeroing overlaps its GEMM instead of running as a memset before it (DOWN reduces only after the
+  // UP grid completed). Must be false for the cuBLAS path and for a DOWN launched without its UP.
+  bool zero_out = false;
 };
 
 }  // namespace epmoe::kernels

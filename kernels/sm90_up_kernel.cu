@@ -61,6 +61,37 @@ inline constexpr int kProducerThreads = 128;
 inline constexpr int kGatherLag = 2;
 static_assert(kGatherLag >= 1 && kGatherLag <= kStages - 2, "gather lag must be in [1, kStages - 2]");
 
+// In-kernel zeroing of out (ExpertProblem::zero_out): CTA b owns 16-byte chunks [b*per, (b+1)*per) of
+// the out_rows x hidden output, per = ceil(chunks / gridDim); each of its work items zeroes the next
+// share of them with the producer threads' 16-byte stores (a few per thread and item, between TMA /
+// cp.async issues), and what is left - all of it for a CTA without items - before the CTA leaves.
+// DOWN reduces into out only after griddepcontrol.wait, i.e. after this whole grid has completed.
+struct ZeroPlan {
+  uint4* base = nullptr;   // null: nothing to zero
+  int64_t next = 0, end = 0;
+  int64_t per_item = 0;
+};
+template <bool kCluster>
+__device__ __forceinline__ ZeroPlan make_zero_plan(__nv_bfloat16* out, int64_t chunks, int64_t items) {
+  ZeroPlan z;
+  if (out == nullptr || chunks <= 0) return z;
+  z.base = reinterpret_cast<uint4*>(out);
+  const int64_t per = (chunks + gridDim.x - 1) / gridDim.x;
+  z.next = min(int64_t(blockIdx.x) * per, chunks);
+  z.end = min(z.next + per, chunks);
+  const int64_t first = work_first<kCluster>(), stride = work_stride<kCluster>();
+  const int64_t mine = first < items ? (items - first + stride - 1) / stride : 0;
+  z.per_item = mine > 0 ? (z.end - z.next + mine - 1) / mine : 0;
+  return z;
+}
+// Zeroes up to n more chunks of the plan with threads t = 0..nthreads-1 (all must call).
+__device__ __forceinline__ void zero_step(ZeroPlan& z, int64_t n, int t, int nthreads) {
+  if (z.base == nullptr) return;
+  const int64_t stop = n < z.end - z.next ? z.next + n : z.end;
+  for (int64_t i = z.next + t; i < stop; i += nthreads) z.base[i] = make_uint4(0u, 0u, 0u, 0u);
+  z.next = stop;
+}
+
 // Thread 0's W1 loads of one stage (kBTileBytes into dst, completing on `full`): the folded rank-4
 // box, or the plain map's gate and up boxes; in a multicasting cluster pair only this CTA's half
 // (rank 0 gate, rank 1 up), which also lands in the peer.
@@ -89,7 +120,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
                                                  const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                                                  const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
                                                  uint32_t full0, uint32_t empty0, const WorkGrid& grid,
-                                                 bool async_arrive, int2* item_slots) {
+                                                 bool async_arrive, int2* item_slots, ZeroPlan& zero) {
   const int t = int(threadIdx.x);  // 0..127
   const int chunk = t & 7, rg = t >> 3;
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
@@ -125,6 +156,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
     const __nv_bfloat16* nsrc[8];
     uint32_t nvalid;
     load_rows(next, nsrc, nvalid);
+    zero_step(zero, zero.per_item, t, kProducerThreads);
     for (int kt = 0; kt < num_k; ++kt, ++it) {
       const uint32_t s = it % kStages;
       if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
@@ -155,6 +187,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
     valid = nvalid;
     wi = next;
   }
+  zero_step(zero, zero.end - zero.next, t, kProducerThreads);  // (the share's rounding remainder)
   if (!async_arrive) {
     cp_async_wait<0>();
     fence_proxy_async_shared();
@@ -175,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                    const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert,
-                   int staged_epi) {
+                   int staged_epi, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -188,8 +221,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* staging = ring + kStages * kStageBytes;
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kUpStagingBytes : 0)) : nullptr;
   const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched);
-  // No work: the whole CTA leaves (in a cluster both CTAs alike, before any cross-CTA traffic).
-  if (work_first<kCluster>() >= grid.items) return;
+  ZeroPlan zero = make_zero_plan<kCluster>(zero_out, zero_chunks, grid.items);
+  // No work: the whole CTA zeroes its share of out and leaves (in a cluster both CTAs alike, before
+  // any cross-CTA traffic).
+  if (work_first<kCluster>() >= grid.items) {
+    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
+    return;
+  }
   // Let the DOWN grid (PDL) launch once every UP CTA has started: its CTAs can then take SMs that
   // the UP tail leaves idle and run their prologue there. This orders nothing: DOWN reads act only
   // after griddepcontrol.wait, which waits for this whole grid to complete and flush.
@@ -219,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kUpProducerRegs>();
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
-                                 full0, empty0, grid, gather_async_arrive != 0, item_slots);
+                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -232,6 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (!wi.valid) break;
         bool multicast;
         const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
+        zero_step(zero, zero.per_item, int(threadIdx.x), 32);
         if (threadIdx.x == 0) {
           for (int kt = 0; kt < num_k; ++kt, ++it) {
             const uint32_t s = it % kStages;
@@ -245,6 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      zero_step(zero, zero.end - zero.next, int(threadIdx.x), 32);
     }
   } else {
     // ---------------- consumers ----------------
@@ -336,7 +376,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
-      (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi;
+      (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)zero_out,
+      (void)zero_chunks;
 #endif
 }
 
@@ -405,7 +446,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, items, smem, s,
               "sm90_up_launch", tm_xs, tm_w1, tm_act, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
-              by_expert ? 1 : 0, staged ? 1 : 0);
+              by_expert ? 1 : 0, staged ? 1 : 0, p.zero_out ? p.out : nullptr,
+              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0));
 }
 
 }  // namespace epmoe::kernels

@@ -2,7 +2,8 @@
 // shared/baselines/baseline_moe.py so the numbers line up with launch/baseline_moe.py:
 //   seed region = UP + DOWN from a pre-gathered xs (the seed's timed region: routing, sort, gather,
 //                 scatter outside)
-//   full layer  = out zeroed on a side stream (event-ordered) + UP gathering its rows from x
+//   full layer  = out zeroed by the UP kernel itself (ExpertProblem::zero_out; EPMOE_BENCH_ZERO=side:
+//                 a memset on a side stream, event-ordered) + UP gathering its rows from x
 //                 (ExpertProblem::x, the engine's default) + DOWN (PDL)
 //   full, separate gather = the same with the gather_rows kernel writing xs before UP (A/B)
 // both captured in CUDA graphs, median of --iters replays, rotating among enough input sets that
@@ -175,6 +176,18 @@ struct ScopedEnv {
   }
 };
 
+// How the full layer zeroes out: "up" (the default: the UP kernel zeroes it under its GEMM,
+// ExpertProblem::zero_out) or "side" (a memset on a side stream joined before UP, or before DOWN
+// with --zero-before-down). Read when the graphs are captured, so --ab EPMOE_BENCH_ZERO=side,up
+// times both in one process (session 7: up 0.0-1.2% faster, docs/PERF.md).
+bool bench_zero_in_up() {
+  const char* v = std::getenv("EPMOE_BENCH_ZERO");
+  if (v == nullptr || v[0] == '\0') return true;
+  const std::string z(v);
+  if (z != "side" && z != "up") throw std::runtime_error("EPMOE_BENCH_ZERO must be side or up, got '" + z + "'");
+  return z == "up";
+}
+
 Result run_shape(const Shape& sh, const Options& opt) {
   const int E = sh.E, k = sh.k, H = sh.hidden, F = sh.ffn;
   const int64_t T = sh.T;
@@ -246,7 +259,15 @@ Result run_shape(const Shape& sh, const Options& opt) {
   // fused: UP gathers from x (no gather kernel). serial_zero: the zeroing on the main stream first
   // (no overlap), to measure what the side stream saves.
   auto enqueue_full = [&](int set, bool fused, bool serial_zero = false) {
-    const ExpertProblem p = problem(set, fused);
+    ExpertProblem p = problem(set, fused);
+    if (!serial_zero && bench_zero_in_up()) {
+      p.zero_out = true;  // no memset: UP zeroes out under its GEMM
+      if (!fused)
+        epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
+                                           xsbuf[set].as<__nv_bfloat16>(), s);
+      epmoe::kernels::sm90_experts_launch(p, s);
+      return;
+    }
     if (serial_zero) {
       BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
       if (!fused)
@@ -559,7 +580,9 @@ int main(int argc, char** argv) {
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
                 "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group, EPMOE_SM90_ORDER=%s\n",
                 epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(), order_name());
-    std::printf("# zero ms: the output memset alone; serial ms: the full layer with it on the main stream (no overlap)\n");
+    std::printf("# full zeroes out %s; zero ms: the output memset alone; serial ms: the full layer with it on the main "
+                "stream (no overlap)\n",
+                bench_zero_in_up() ? "in the UP kernel (EPMOE_BENCH_ZERO=up)" : "on a side stream (EPMOE_BENCH_ZERO=side)");
     std::printf("# %4s %2s %6s %5s %7s | %9s %8s | %9s %8s | %9s %8s | %9s %9s %9s %9s | %8s %9s | %10s %9s\n", "E", "k",
                 "hidden", "ffn", "T", "seed ms", "TFLOP/s", "full ms", "TFLOP/s", "sep ms", "TFLOP/s", "gather ms", "up ms",
                 "upG ms", "down ms", "zero ms", "serial ms", "max_rel", "rel_l2");

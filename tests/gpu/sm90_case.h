@@ -1,0 +1,122 @@
+// Test harness of the sm_90a split pipeline suite (test_sm90_experts.cu): device buffers, the device
+// gate, routings, one case run end to end against the dense reference (run_case; the checks are
+// listed in sm90_case.cu), and the helpers the case tables use.
+#pragma once
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "epmoe/bf16.h"
+#include "kernels/expert_problem.cuh"
+#include "kernels/hash_fill.cuh"
+
+namespace sm90_case {
+
+using epmoe::bf16;
+using epmoe::kernels::ExpertProblem;
+using epmoe::kernels::kExpertTile;
+
+#define TCHECK(call)                                                                                    \
+  do {                                                                                                  \
+    cudaError_t e_ = (call);                                                                            \
+    if (e_ != cudaSuccess)                                                                              \
+      throw std::runtime_error(std::string(#call) + " failed: " + cudaGetErrorString(e_) + " at line " + \
+                               std::to_string(__LINE__));                                               \
+  } while (0)
+
+// ---- deterministic data (identical on host and device): kernels/hash_fill.cuh ------------------
+using epmoe::kernels::hash_fill::fill_hash_kernel;
+using epmoe::kernels::hash_fill::hash_bf16;
+using epmoe::kernels::hash_fill::mix64;
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  size_t n = 0;
+  explicit DevBuf(size_t count) : n(count) {
+    if (n) TCHECK(cudaMalloc(&p, n * sizeof(T)));
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  size_t bytes() const { return n * sizeof(T); }
+  void upload(const std::vector<T>& h) {
+    if (!h.empty()) TCHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download(size_t first = 0, size_t count = SIZE_MAX) const {
+    count = std::min(count, n - first);
+    std::vector<T> h(count);
+    if (count) TCHECK(cudaMemcpy(h.data(), p + first, count * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+};
+
+// 0: run; 1: skip (message); 2: fail (message).
+int device_state(std::string& msg);
+
+#define REQUIRE_SM90()                           \
+  do {                                           \
+    std::string why_;                            \
+    const int st_ = device_state(why_);          \
+    if (st_ == 1) GTEST_SKIP() << why_;          \
+    if (st_ == 2) FAIL() << why_;                \
+  } while (0)
+
+// ---- routing, one case ----------------------------------------------------------------------------
+enum class Route { uniform, zipf, one_expert, single_rows, with_drops, all_dropped };
+
+enum class Mode { experts_launch, separate_no_pdl, graph };
+
+struct Case {
+  int E, k, hidden, ffn;
+  int64_t T;
+  Route route;
+  int64_t extra_capacity;  // rows_capacity = padded_total + extra (tiles past the total must exit)
+  int ref_tokens;          // tokens checked against reference_moe
+  Mode mode = Mode::experts_launch;
+  uint64_t seed = 1;
+  // true: the UP kernel gathers its rows from x (ExpertProblem::x, the engine's default);
+  // false: gather_rows writes xs first and UP reads xs by TMA.
+  bool fused_gather = true;
+  // true: ExpertProblem::zero_out - the UP kernel zeroes out (no memset; out stays poisoned otherwise).
+  bool zero_out = false;
+};
+
+// Runs one case (layout on the host, pipeline on the device) and checks it; gtest failures on mismatch.
+void run_case(const Case& cs);
+
+// Sets an environment variable for one test (the sm90 launchers read theirs at every launch).
+struct EnvGuard {
+  std::string name;  // empty: no variable (n null)
+  EnvGuard(const char* n, const char* v) : name(n != nullptr ? n : "") {  // v null: unset (the default)
+    if (name.empty()) return;
+    if (v) setenv(n, v, 1);
+    else unsetenv(n);
+  }
+  ~EnvGuard() {
+    if (!name.empty()) unsetenv(name.c_str());
+  }
+};
+
+inline Case separate(Case c) {
+  c.fused_gather = false;
+  return c;
+}
+inline Case zero_in_up(Case c) {
+  c.zero_out = true;
+  return c;
+}
+inline Case with(Case c, int seed, Mode mode = Mode::experts_launch) {
+  c.seed = uint64_t(seed);
+  c.mode = mode;
+  return c;
+}
+}  // namespace sm90_case
