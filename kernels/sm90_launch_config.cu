@@ -60,11 +60,6 @@ size_t sm90_dyn_smem_bytes(bool by_expert, int experts, size_t staging) {
   return kDynSmemBytes + staging + (by_expert ? expert_schedule_smem_bytes(experts) : 0);
 }
 
-bool sm90_kernel_order_by_expert(int experts, size_t staging) {
-  return sm90_order_by_expert(experts) &&
-         sm90_dyn_smem_bytes(true, experts, staging) <= kMaxDynSmemBytes - kStaticSmemReserve;
-}
-
 int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool by_expert) {
   if (!cluster) return tiles * nn;
   return by_expert ? expert_items_bound(tiles, experts, nn, true) : (tiles + 1) / 2 * nn;
@@ -155,13 +150,14 @@ bool sm90_up_uses_cluster(bool gather) {
 }
 bool sm90_down_uses_cluster() { return sm90_cluster_mode() != 0; }
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
-bool sm90_order_by_expert(int experts) {
-  // Default global: the by-expert order cut DRAM reads by a third at 7168 but measured 0.5-2% slower
-  // in same-process A/Bs (docs/PERF.md, session 5).
-  const bool by_expert = env_choice("EPMOE_SM90_ORDER", "expert", "global", false);
-  // The schedule's per-expert offsets must fit in shared memory next to the ring.
-  return by_expert && sm90::sm90_dyn_smem_bytes(true, experts) <= sm90::kMaxDynSmemBytes - sm90::kStaticSmemReserve;
+// The knob, and the fit: the schedule's per-expert offsets must fit in shared memory next to the
+// ring and the kernel's staging buffers. Default global: the by-expert order cut DRAM reads by a
+// third at 7168 but measured 0.5-4% slower in same-process A/Bs (docs/PERF.md, sessions 5 and 7).
+bool sm90::sm90_kernel_order_by_expert(int experts, size_t staging) {
+  return env_choice("EPMOE_SM90_ORDER", "expert", "global", false) &&
+         sm90_dyn_smem_bytes(true, experts, staging) <= kMaxDynSmemBytes - kStaticSmemReserve;
 }
+bool sm90_order_by_expert(int experts) { return sm90::sm90_kernel_order_by_expert(experts, 0); }
 // Default staged: same-process A/B (session 7) B/A 0.989 / 0.994 / 0.977 / 0.998 / 0.989 on the five
 // bench shapes (docs/PERF.md).
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
