@@ -333,13 +333,10 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nn = (p.hidden + kBN - 1) / kBN;
   const bool staged = sm90_down_staged_epilogue();
-  const size_t staging = staged ? kDownStagingBytes : 0;
-  const bool by_expert = sm90_kernel_order_by_expert(p.experts, staging);
-  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, staging);
-  const int64_t items = sm90_work_items(tiles, p.experts, nn, cluster, by_expert);
-  sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, items, smem, s,
+  const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nn, cluster, staged ? kDownStagingBytes : 0);
+  sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
-              p.hidden, p.ffn, sm90_group_tiles(), by_expert ? 1 : 0, staged ? 1 : 0);
+              p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0);
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

@@ -65,6 +65,14 @@ int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool b
   return by_expert ? expert_items_bound(tiles, experts, nn, true) : (tiles + 1) / 2 * nn;
 }
 
+Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int blocks, bool cluster, size_t staging) {
+  Sm90LaunchPlan plan{};
+  plan.by_expert = sm90_kernel_order_by_expert(experts, staging);
+  plan.smem = sm90_dyn_smem_bytes(plan.by_expert, experts, staging);
+  plan.items = sm90_work_items(tiles, experts, blocks, cluster, plan.by_expert);
+  return plan;
+}
+
 cudaLaunchAttribute sm90_cluster_pair_attr() {
   cudaLaunchAttribute a{};
   a.id = cudaLaunchAttributeClusterDimension;

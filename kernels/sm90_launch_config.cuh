@@ -42,6 +42,16 @@ bool sm90_kernel_order_by_expert(int experts, size_t staging);
 // an upper bound of what the device schedule counts from padded_offsets.
 int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool by_expert);
 
+// What a kernel's launch is sized from: its epilogue's `staging` bytes decide whether the by-expert
+// schedule fits (sm90_kernel_order_by_expert), which decides the dynamic shared memory and the
+// work-item bound over `tiles` row tiles and `blocks` column blocks.
+struct Sm90LaunchPlan {
+  bool by_expert;
+  size_t smem;
+  int64_t items;
+};
+Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int blocks, bool cluster, size_t staging);
+
 // The launch attribute that makes a grid 2-CTA clusters along x.
 cudaLaunchAttribute sm90_cluster_pair_attr();
 

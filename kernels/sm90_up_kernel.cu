@@ -437,16 +437,13 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
   const bool staged = sm90_up_staged_epilogue();
-  const size_t staging = staged ? kUpStagingBytes : 0;
-  const bool by_expert = sm90_kernel_order_by_expert(p.experts, staging);
-  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, staging);
-  const int64_t items = sm90_work_items(tiles, p.experts, nj, cluster, by_expert);
+  const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nj, cluster, staged ? kUpStagingBytes : 0);
   CUtensorMap tm_act{};  // the staged epilogue's store map: 64x64 boxes
   if (staged) tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
-  sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, items, smem, s,
+  sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, plan.items, plan.smem, s,
               "sm90_up_launch", tm_xs, tm_w1, tm_act, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
-              by_expert ? 1 : 0, staged ? 1 : 0, p.zero_out ? p.out : nullptr,
+              plan.by_expert ? 1 : 0, staged ? 1 : 0, p.zero_out ? p.out : nullptr,
               p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0));
 }
 

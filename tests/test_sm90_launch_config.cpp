@@ -198,6 +198,27 @@ TEST(Sm90Knobs, GridItemBound) {
   EXPECT_EQ(sm90_work_items(3, 64, 8, true, true), 24);  // never more odd experts than tiles
 }
 
+// The launch plan is its three decisions chained: the fit with the staging, then smem and items.
+TEST(Sm90Knobs, LaunchPlan) {
+  using epmoe::kernels::sm90::kDownStagingBytes;
+  using epmoe::kernels::sm90::kUpStagingBytes;
+  using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
+  using epmoe::kernels::sm90::sm90_launch_plan;
+  using epmoe::kernels::sm90::sm90_work_items;
+  for (const char* order : {static_cast<const char*>(nullptr), "expert"}) {
+    Env e("EPMOE_SM90_ORDER", order);
+    for (size_t staging : {size_t(0), size_t(kUpStagingBytes), kDownStagingBytes})
+      for (int E : {4, 128, 256})
+        for (bool cluster : {false, true}) {
+          const auto plan = sm90_launch_plan(529, E, 28, cluster, staging);
+          const bool fits = order != nullptr && (E <= 128 || staging == 0);  // see Sm90Knobs.Epilogues
+          EXPECT_EQ(plan.by_expert, fits) << E << " " << staging;
+          EXPECT_EQ(plan.smem, sm90_dyn_smem_bytes(fits, E, staging));
+          EXPECT_EQ(plan.items, sm90_work_items(529, E, 28, cluster, fits));
+        }
+  }
+}
+
 // A problem that passes, then one field broken at a time.
 epmoe::kernels::ExpertProblem good_problem() {
   alignas(16) static unsigned char buf[1024];

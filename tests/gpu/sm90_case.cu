@@ -81,9 +81,15 @@ Routing make_routing(int64_t T, int E, int k, Route kind, uint64_t seed) {
     for (double& v : zcdf) v /= s;
   }
   std::vector<int> perm(E);
+  std::vector<int32_t> edge_expert;  // tile_edges: token t -> expert edge_expert[t]
+  if (kind == Route::tile_edges)
+    for (int e = 0; e < E; ++e) edge_expert.insert(edge_expert.end(), size_t(kTileEdgeCounts[e % 8]), e);
   for (int64_t t = 0; t < T; ++t) {
     int32_t* id = &r.ids[size_t(t) * k];
     switch (kind) {
+      case Route::tile_edges:
+        if (t < int64_t(edge_expert.size())) id[0] = edge_expert[size_t(t)];
+        break;
       case Route::all_dropped:  // every slot -1: no rows at all, out must still come back zero
         break;
       case Route::uniform:

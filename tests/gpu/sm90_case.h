@@ -71,7 +71,11 @@ int device_state(std::string& msg);
   } while (0)
 
 // ---- routing, one case ----------------------------------------------------------------------------
-enum class Route { uniform, zipf, one_expert, single_rows, with_drops, all_dropped };
+// tile_edges: expert e gets kTileEdgeCounts[e % 8] rows (k = 1; T = their sum over the experts, more
+// tokens are dropped): segments that end exactly at, just past and just before the 64-row warpgroup
+// halves and the 128-row tiles.
+enum class Route { uniform, zipf, one_expert, single_rows, with_drops, all_dropped, tile_edges };
+inline constexpr int kTileEdgeCounts[8] = {64, 65, 1, 128, 129, 63, 192, 193};
 
 enum class Mode { experts_launch, separate_no_pdl, graph };
 

@@ -257,6 +257,17 @@ const std::vector<Variant>& variants() {
        zero_in_up(with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 59))},
       {"ZeroOutSeparateNoPdlE16K4H2048F1024T2048", "0", "16",
        zero_in_up(with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 60, Mode::separate_no_pdl))},
+      // Segments of 64, 65, 1, 128, 129, 63, 192, 193 rows (Route::tile_edges): ends exactly at, just
+      // past and just before the 64-row halves and 128-row tiles; each way of loading A (gathering UP,
+      // UP from xs), clusters (multicast pairs, an idle rank), graph replays with in-kernel zeroing.
+      // Small: also a sanitizer case.
+      {"TileEdgesSmallE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 61)},
+      {"TileEdgesE16K2H2048F768T1670", "0", "16", with({16, 2, 2048, 768, 1670, Route::tile_edges, 128, 256}, 62)},
+      {"TileEdgesSeparateGatherE16K2H2048F768T1670", "0", "16",
+       separate(with({16, 2, 2048, 768, 1670, Route::tile_edges, 128, 256}, 63))},
+      {"TileEdgesClusterE8K1H7168F2048T835", "1", "3", with({8, 1, 7168, 2048, 835, Route::tile_edges, 0, 64}, 64)},
+      {"TileEdgesGraphCapturedZeroOutE24K1H2048F1024T2505", "0", "16",
+       zero_in_up(with({24, 1, 2048, 1024, 2505, Route::tile_edges, 256, 128}, 65, Mode::graph))},
   };
   return v;
 }
