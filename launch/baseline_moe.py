@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +27,13 @@ FULL = [(32, 4, 2048, 1024, [1024, 4096, 16384, 65536, 131072]),
         (32, 8, 7168, 2048, [2048, 8192])]
 
 
+WARMUP_MS = 500.0  # --warmup-ms: replays before each timed region (as epmoe_bench_experts --warmup-ms)
+
+
 def bench_graph(fns, iters, warm=3):
-    """Median ms of one replay; replays rotate over the graphs of `fns` (one per input set)."""
+    """Median ms of one replay; replays rotate over the graphs of `fns` (one per input set), timed
+    after at least WARMUP_MS of replays (the board is power-capped: a region timed right after an
+    idle host setup would start in a power headroom that continuous training never sees)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -41,9 +47,16 @@ def bench_graph(fns, iters, warm=3):
         with torch.cuda.graph(g):
             fn()
         graphs.append(g)
-    for g in graphs:
-        g.replay()
-    torch.cuda.synchronize()
+    start = time.perf_counter()
+    rounds = 0
+    while True:
+        for g in graphs:
+            g.replay()
+        rounds += 1
+        if rounds % 8 == 0 or rounds <= 3:
+            torch.cuda.synchronize()
+            if rounds >= 3 and (time.perf_counter() - start) * 1e3 >= WARMUP_MS:
+                break
     ts = []
     for i in range(iters):
         a = torch.cuda.Event(enable_timing=True)
@@ -57,18 +70,23 @@ def bench_graph(fns, iters, warm=3):
 
 
 def main():
+    global WARMUP_MS
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", choices=["quick", "full"], default="quick")
     ap.add_argument("--shape", action="append", default=[], metavar="E,k,hidden,ffn,T",
                     help="run only these shapes (repeatable), as epmoe_bench_experts --shape")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS,
+                    help="replays before each timed region, at least this long (ms)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "baseline_moe.json"))
     ap.add_argument("--ceilings", action="store_true", help="also measure dense bf16 GEMM and copy bandwidth")
     args = ap.parse_args()
+    WARMUP_MS = max(0.0, args.warmup_ms)
 
     torch.manual_seed(0)
     dev = "cuda"
-    res = {"impl": "torch_grouped_mm", "device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    res = {"impl": "torch_grouped_mm", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "warmup_ms": WARMUP_MS}
     if args.ceilings:
         M = 8192
         A = torch.randn(M, M, device=dev, dtype=torch.bfloat16)
