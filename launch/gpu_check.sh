@@ -222,7 +222,7 @@ stage_bench_experts() {
   local bin=$BUILD/src/programs/epmoe_bench_experts rc=0 rcb=0 rcc=0
   rm -f "$OUT/bench_experts.json" "$OUT/baseline_moe.json"
   if [[ -x $bin ]]; then
-    tmo --max $(( (STAGE_DEADLINE - SECONDS) * 2 / 5 )) "$bin" --shapes "$EXPERTS_SHAPES" --json "$OUT/bench_experts.json" || rc=$?
+    tmo --max $(( (STAGE_DEADLINE - SECONDS) * 3 / 5 )) "$bin" --shapes "$EXPERTS_SHAPES" --json "$OUT/bench_experts.json" || rc=$?
   else
     echo "missing $bin"; rc=1
   fi
@@ -318,7 +318,7 @@ run_stage mpi 150 stage_mpi
 run_stage run 120 stage_run
 run_stage sass 60 stage_sass
 run_stage sanitizer 150 stage_sanitizer
-run_stage bench_experts 150 stage_bench_experts
+run_stage bench_experts 240 stage_bench_experts
 run_stage bench_ep 180 stage_bench_ep
 
 overall=0
