@@ -2,16 +2,17 @@
 # all-to-all dispatcher: tokens x top-k rows, host-synced splits, grouped_mm experts).
 #
 # Our copy of ../shared/baselines/ep_baseline.py with the shapes, the world size and a JSON file
-# taken from the command line. The method is the original's, unchanged: ep_forward below is the
-# same code; per shape, weights and inputs drawn the same way (seed 1 + rank), 3 warm-up forwards,
+# taken from the command line. The method is the original's except the warm-up: ep_forward below is the
+# same code; per shape, weights and inputs drawn the same way (seed 1 + rank), 3 warm-up forwards
+# (and, unlike the original, enough more to last --warmup-ms, 500 by default: the board is power-capped),
 # then 10 timed forwards between CUDA events, median; the phases are the original's three
 # (dispatch = routing sort + count exchange + both all_to_alls; experts = receive-side sort,
 # gather and grouped_mm; combine = all_to_all back + weighted index_add). Rank 0 prints one JSON
 # line per shape and writes them all to --json.
 #
 #   python3 launch/ep_baseline.py --world 2 --shapes default|decode|all|original [--shape E,k,D,H,T]...
-#                                 [--json out.json] [--iters 10] [--warmup 3]
-import argparse, os, sys, json, socket, statistics, torch, torch.distributed as dist, torch.multiprocessing as mp
+#                                 [--json out.json] [--iters 10] [--warmup 3] [--warmup-ms 500]
+import argparse, math, os, sys, json, socket, statistics, time, torch, torch.distributed as dist, torch.multiprocessing as mp
 import torch.nn.functional as F
 gmm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
@@ -52,7 +53,7 @@ def ep_forward(x, ids, wts, w1t, w2t, E, R, rank, tm=None):
     return y
 
 
-def run(rank, R, cfgs, port, json_path, iters, warmup):
+def run(rank, R, cfgs, port, json_path, iters, warmup, warmup_ms):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=R, device_id=torch.device("cuda", rank))
@@ -66,6 +67,13 @@ def run(rank, R, cfgs, port, json_path, iters, warmup):
         wts, ids = torch.topk(torch.softmax(torch.randn(T, E, device="cuda"), -1), k, -1)
         wts = (wts / wts.sum(-1, keepdim=True)).to(torch.bfloat16)
         for _ in range(warmup): ep_forward(x, ids, wts, w1t, w2t, E, R, rank)
+        # then enough forwards to last warmup_ms (power cap, as epmoe_bench_ep): the count from one
+        # timed forward, the largest over the ranks (the forwards are collective)
+        torch.cuda.synchronize(); t0 = time.perf_counter()
+        ep_forward(x, ids, wts, w1t, w2t, E, R, rank); torch.cuda.synchronize()
+        n = torch.tensor([math.ceil(warmup_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))], device="cuda")
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        for _ in range(int(n.item())): ep_forward(x, ids, wts, w1t, w2t, E, R, rank)
         torch.cuda.synchronize(); dist.barrier()
         ts, ph = [], []
         for _ in range(iters):
@@ -113,6 +121,7 @@ def main():
     ap.add_argument("--json", default="", help="write the results here (rank 0)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup-ms", type=float, default=500.0, help="and warm up at least this long (ms)")
     a = ap.parse_args()
     ngpu = torch.cuda.device_count()
     R = a.world or ngpu
@@ -125,7 +134,7 @@ def main():
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         if os.path.exists(a.json): os.remove(a.json)
-    mp.spawn(run, args=(R, cfgs, free_port(), a.json, a.iters, a.warmup), nprocs=R)
+    mp.spawn(run, args=(R, cfgs, free_port(), a.json, a.iters, a.warmup, a.warmup_ms), nprocs=R)
 
 
 if __name__ == "__main__":

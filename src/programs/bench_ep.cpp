@@ -1,7 +1,7 @@
 // epmoe_bench_ep: the expert-parallel layer's forward, timed the way nccl-tests times a collective.
 //
 //   mpirun -np N epmoe_bench_ep [--shapes default|decode|all] [--shape E,k,hidden,ffn,T]...
-//                               [--iters 20] [--warmup 5] [--path auto|sm90|cublas]
+//                               [--iters 20] [--warmup 5] [--warmup-ms 500] [--path auto|sm90|cublas]
 //                               [--check-tokens 8] [--seed 1] [--json out.json]
 //
 // One rank per GPU, NCCL bootstrapped over MPI. For each shape, every rank in lockstep:
@@ -9,7 +9,8 @@
 //     so any rank can regenerate any expert; only this rank's slice is generated and uploaded.
 //  2. inputs (seeded per rank): x ~ N(0,1); routing = top-k of softmax(N(0,1) logits), renormalised
 //     and rounded to bf16, as ../shared/baselines/ep_baseline.py does with torch.
-//  3. timing pass: `warmup` forwards, then `iters` forwards each between two cudaEvents; median per
+//  3. timing pass: `warmup` forwards (and at least `warmup-ms` of them), then `iters` forwards each
+//     between two cudaEvents; median per
 //     rank; the table shows the slowest rank's median.
 //  4. phase pass: a second layer with LayerOptions.record_phase_times; median of each phase.
 //  5. checks: rows sent == deduplicated (token, destination rank) pairs, never T*k; every element of
@@ -76,6 +77,9 @@ struct Options {
   std::string shapes = "default";
   std::vector<Shape> custom;
   int iters = 20, warmup = 5, check_tokens = 8;
+  // Warm-up also lasts at least this long (the board is power-capped: forwards timed right after the
+  // idle setup would start in a power headroom a training loop never has; see bench_experts).
+  double warmup_ms = 500;
   uint64_t seed = 1;
   epmoe::ExpertPath path = epmoe::ExpertPath::automatic;
   std::string json;
@@ -108,7 +112,7 @@ const char* path_name(epmoe::ExpertPath p) {
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: mpirun -np N epmoe_bench_ep [--shapes default|decode|all] [--shape E,k,hidden,ffn,T]...\n"
-               "       [--iters 20] [--warmup 5] [--path auto|sm90|cublas] [--check-tokens 8] [--seed 1]\n"
+               "       [--iters 20] [--warmup 5] [--warmup-ms 500] [--path auto|sm90|cublas] [--check-tokens 8] [--seed 1]\n"
                "       [--json out.json]\n"
                "  default: E=32 k=4 hidden=2048 ffn=1024 at 4096 and 16384 tokens per rank\n"
                "  decode:  E=256 k=8 hidden=7168 ffn=2048 and E=32 k=4 hidden=2048 ffn=1024 at 128 tokens\n"
@@ -129,6 +133,7 @@ Options parse_args(int argc, char** argv) {
     else if (a == "--json") o.json = need(i);
     else if (a == "--iters") o.iters = std::stoi(need(i));
     else if (a == "--warmup") o.warmup = std::stoi(need(i));
+    else if (a == "--warmup-ms") o.warmup_ms = std::stod(need(i));
     else if (a == "--check-tokens") o.check_tokens = std::stoi(need(i));
     else if (a == "--seed") o.seed = std::stoull(need(i));
     else if (a == "--path") {
@@ -151,8 +156,8 @@ Options parse_args(int argc, char** argv) {
       EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "unknown argument '", a, "' (--help lists them)");
     }
   }
-  EPMOE_CHECK(o.iters >= 1 && o.warmup >= 0 && o.check_tokens >= 0, epmoe::ErrorCode::invalid_argument,
-              "--iters must be >= 1, --warmup and --check-tokens >= 0");
+  EPMOE_CHECK(o.iters >= 1 && o.warmup >= 0 && o.warmup_ms >= 0 && o.check_tokens >= 0, epmoe::ErrorCode::invalid_argument,
+              "--iters must be >= 1, --warmup, --warmup-ms and --check-tokens >= 0");
   return o;
 }
 
@@ -492,6 +497,13 @@ Result run_shape(Context& cx, const Options& o, const Shape& s, int shape_index,
     BENCH_CUDA(cudaEventElapsedTime(&ms, cx.ev_a, cx.ev_b));
     return double(ms);
   };
+  // `min_count` forwards, and enough to last o.warmup_ms: the count comes from one timed forward,
+  // the largest over the ranks (every forward is collective, so all ranks must run the same number).
+  auto warm_up = [&](epmoe::MoeLayer& layer, int min_count) {
+    const double one = allreduce_max(timed_forward(layer));
+    const int n = std::max(min_count - 1, int(std::ceil(o.warmup_ms / std::max(one, 1e-3))));
+    for (int i = 0; i < n; ++i) layer.forward(x, ids, wts, y, cx.stream);
+  };
 
   // -- pass 1: total time; then one forward on a poisoned y for the checks
   std::vector<double> times;
@@ -503,7 +515,7 @@ Result run_shape(Context& cx, const Options& o, const Shape& s, int shape_index,
     epmoe::MoeLayer layer(cfg, w, cx.comm, lo);
     res.path = path_name(layer.expert_path());
     if (r0) std::fprintf(stderr, "[bench_ep]   path %s: warm-up %d, timing %d\n", res.path.c_str(), o.warmup, o.iters);
-    for (int i = 0; i < o.warmup; ++i) layer.forward(x, ids, wts, y, cx.stream);
+    warm_up(layer, o.warmup);
     BENCH_CUDA(cudaStreamSynchronize(cx.stream));
     MPI_Barrier(MPI_COMM_WORLD);
     for (int i = 0; i < o.iters; ++i) times.push_back(timed_forward(layer));
@@ -522,7 +534,7 @@ Result run_shape(Context& cx, const Options& o, const Shape& s, int shape_index,
     lo.expert_path = o.path;
     lo.record_phase_times = true;
     epmoe::MoeLayer layer(cfg, w, cx.comm, lo);
-    for (int i = 0; i < std::min(o.warmup, 3); ++i) layer.forward(x, ids, wts, y, cx.stream);
+    warm_up(layer, std::min(o.warmup, 3));
     BENCH_CUDA(cudaStreamSynchronize(cx.stream));
     MPI_Barrier(MPI_COMM_WORLD);
     for (int i = 0; i < o.iters; ++i) {
@@ -587,9 +599,9 @@ void print_header(const Context& cx, const Options& o) {
   int nccl_version = 0;
   ncclGetVersion(&nccl_version);
   std::printf("# epmoe_bench_ep: world %d, %s (rank 0 on device %d), NCCL %d.%d.%d, requested path %s, "
-              "warm-up %d, iters %d, seed %llu\n",
+              "warm-up %d forwards and >= %.0f ms, iters %d, seed %llu\n",
               cx.world, prop.name, cx.device, nccl_version / 10000, (nccl_version / 100) % 100, nccl_version % 100,
-              path_name(o.path), o.warmup, o.iters, (unsigned long long)o.seed);
+              path_name(o.path), o.warmup, o.warmup_ms, o.iters, (unsigned long long)o.seed);
   std::printf("# time: slowest rank's median forward (cudaEvents); phases: medians from a second pass with "
               "record_phase_times (slowest rank each)\n");
   std::printf("# TFLOP/s per GPU = 6*T*k*hidden*ffn / time; dispatch GB = bytes sent summed over ranks; "
@@ -644,7 +656,7 @@ void write_json(const std::string& path, const Context& cx, const Options& o, co
   EPMOE_CHECK(f.good(), epmoe::ErrorCode::invalid_argument, "cannot write --json ", path);
   f << "{\"program\": \"epmoe_bench_ep\", \"world\": " << cx.world << ", \"device\": \"" << prop.name
     << "\", \"shapes\": \"" << (o.custom.empty() ? o.shapes : std::string("custom")) << "\", \"iters\": " << o.iters
-    << ", \"warmup\": " << o.warmup << ", \"seed\": " << o.seed << ", \"requested_path\": \"" << path_name(o.path)
+    << ", \"warmup\": " << o.warmup << ", \"warmup_ms\": " << o.warmup_ms << ", \"seed\": " << o.seed << ", \"requested_path\": \"" << path_name(o.path)
     << "\", \"results\": [\n";
   for (size_t i = 0; i < rs.size(); ++i) f << "  " << result_json(rs[i]) << (i + 1 < rs.size() ? ",\n" : "\n");
   f << "]}\n";
