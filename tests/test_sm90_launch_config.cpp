@@ -19,6 +19,16 @@ using epmoe::kernels::sm90_down_uses_cluster;
 using epmoe::kernels::sm90_gather_async_arrive;
 using epmoe::kernels::sm90_group_tiles;
 using epmoe::kernels::sm90_up_uses_cluster;
+using epmoe::kernels::sm90::check_expert_problem;
+using epmoe::kernels::sm90::kDownStagingBytes;
+using epmoe::kernels::sm90::kDynSmemBytes;
+using epmoe::kernels::sm90::kMaxDynSmemBytes;
+using epmoe::kernels::sm90::kStaticSmemReserve;
+using epmoe::kernels::sm90::kUpStagingBytes;
+using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
+using epmoe::kernels::sm90::sm90_kernel_order_by_expert;
+using epmoe::kernels::sm90::sm90_launch_plan;
+using epmoe::kernels::sm90::sm90_work_items;
 
 // Sets (or, with nullptr, unsets) one variable for the scope.
 struct Env {
@@ -104,9 +114,6 @@ TEST(Sm90Knobs, GatherArrive) {
 
 TEST(Sm90Knobs, WorkOrder) {
   using epmoe::kernels::sm90_order_by_expert;
-  using epmoe::kernels::sm90::kDynSmemBytes;
-  using epmoe::kernels::sm90::kMaxDynSmemBytes;
-  using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
   {
     Env e("EPMOE_SM90_ORDER", nullptr);
     EXPECT_FALSE(sm90_order_by_expert(32));
@@ -152,12 +159,6 @@ void check_epilogue_knob(const char* name, bool (*staged)()) {
 }
 
 TEST(Sm90Knobs, Epilogues) {
-  using epmoe::kernels::sm90::kDownStagingBytes;
-  using epmoe::kernels::sm90::kMaxDynSmemBytes;
-  using epmoe::kernels::sm90::kStaticSmemReserve;
-  using epmoe::kernels::sm90::kUpStagingBytes;
-  using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
-  using epmoe::kernels::sm90::sm90_kernel_order_by_expert;
   check_epilogue_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue);
   check_epilogue_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue);
   // Each kernel's staging buffers fit next to the ring (and the static barriers) on their own.
@@ -190,7 +191,6 @@ TEST(Sm90Knobs, Epilogues) {
 }
 
 TEST(Sm90Knobs, GridItemBound) {
-  using epmoe::kernels::sm90::sm90_work_items;
   EXPECT_EQ(sm90_work_items(10, 4, 8, false, true), 80);
   EXPECT_EQ(sm90_work_items(10, 4, 8, true, false), 40);
   // By expert, up to one odd expert per expert adds half a unit: (10 + 4) / 2 units.
@@ -200,11 +200,6 @@ TEST(Sm90Knobs, GridItemBound) {
 
 // The launch plan is its three decisions chained: the fit with the staging, then smem and items.
 TEST(Sm90Knobs, LaunchPlan) {
-  using epmoe::kernels::sm90::kDownStagingBytes;
-  using epmoe::kernels::sm90::kUpStagingBytes;
-  using epmoe::kernels::sm90::sm90_dyn_smem_bytes;
-  using epmoe::kernels::sm90::sm90_launch_plan;
-  using epmoe::kernels::sm90::sm90_work_items;
   for (const char* order : {static_cast<const char*>(nullptr), "expert"}) {
     Env e("EPMOE_SM90_ORDER", order);
     for (size_t staging : {size_t(0), size_t(kUpStagingBytes), kDownStagingBytes})
@@ -241,7 +236,6 @@ epmoe::kernels::ExpertProblem good_problem() {
 }
 
 TEST(Sm90Knobs, ExpertProblemChecks) {
-  using epmoe::kernels::sm90::check_expert_problem;
   EXPECT_NO_THROW(check_expert_problem(good_problem(), "test"));
   auto expect_bad = [](epmoe::kernels::ExpertProblem p, const char* what) {
     try {

@@ -10,8 +10,7 @@
 //  2. inputs (seeded per rank): x ~ N(0,1); routing = top-k of softmax(N(0,1) logits), renormalised
 //     and rounded to bf16, as ../shared/baselines/ep_baseline.py does with torch.
 //  3. timing pass: `warmup` forwards (and at least `warmup-ms` of them), then `iters` forwards each
-//     between two cudaEvents; median per
-//     rank; the table shows the slowest rank's median.
+//     between two cudaEvents; median per rank; the table shows the slowest rank's median.
 //  4. phase pass: a second layer with LayerOptions.record_phase_times; median of each phase.
 //  5. checks: rows sent == deduplicated (token, destination rank) pairs, never T*k; every element of
 //     y written; y of `check-tokens` sampled tokens per rank against reference_moe on the CPU.
@@ -156,8 +155,8 @@ Options parse_args(int argc, char** argv) {
       EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "unknown argument '", a, "' (--help lists them)");
     }
   }
-  EPMOE_CHECK(o.iters >= 1 && o.warmup >= 0 && o.warmup_ms >= 0 && o.check_tokens >= 0, epmoe::ErrorCode::invalid_argument,
-              "--iters must be >= 1, --warmup, --warmup-ms and --check-tokens >= 0");
+  EPMOE_CHECK(o.iters >= 1 && o.warmup >= 0 && o.warmup_ms >= 0 && o.check_tokens >= 0,
+              epmoe::ErrorCode::invalid_argument, "--iters must be >= 1, --warmup, --warmup-ms and --check-tokens >= 0");
   return o;
 }
 
@@ -656,7 +655,8 @@ void write_json(const std::string& path, const Context& cx, const Options& o, co
   EPMOE_CHECK(f.good(), epmoe::ErrorCode::invalid_argument, "cannot write --json ", path);
   f << "{\"program\": \"epmoe_bench_ep\", \"world\": " << cx.world << ", \"device\": \"" << prop.name
     << "\", \"shapes\": \"" << (o.custom.empty() ? o.shapes : std::string("custom")) << "\", \"iters\": " << o.iters
-    << ", \"warmup\": " << o.warmup << ", \"warmup_ms\": " << o.warmup_ms << ", \"seed\": " << o.seed << ", \"requested_path\": \"" << path_name(o.path)
+    << ", \"warmup\": " << o.warmup << ", \"warmup_ms\": " << o.warmup_ms << ", \"seed\": " << o.seed
+    << ", \"requested_path\": \"" << path_name(o.path)
     << "\", \"results\": [\n";
   for (size_t i = 0; i < rs.size(); ++i) f << "  " << result_json(rs[i]) << (i + 1 < rs.size() ? ",\n" : "\n");
   f << "]}\n";

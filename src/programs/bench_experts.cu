@@ -35,6 +35,7 @@
 #include "epmoe/bf16.h"
 #include "ep_protocol.h"
 #include "epmoe/reference.h"
+#include "kernels/cuda_check.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/gather_rows.cuh"
 #include "kernels/hash_fill.cuh"
@@ -46,21 +47,13 @@ using epmoe::bf16;
 using epmoe::kernels::ExpertProblem;
 using epmoe::kernels::kExpertTile;
 
-#define BCHECK(call)                                                                                    \
-  do {                                                                                                  \
-    cudaError_t e_ = (call);                                                                            \
-    if (e_ != cudaSuccess)                                                                              \
-      throw std::runtime_error(std::string(#call) + " failed: " + cudaGetErrorString(e_) + " (line " +  \
-                               std::to_string(__LINE__) + ")");                                         \
-  } while (0)
-
 using epmoe::kernels::hash_fill::fill_hash_kernel;
 using epmoe::kernels::hash_fill::hash_bf16;
 using epmoe::kernels::hash_fill::mix64;
 
 void fill_hash(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   fill_hash_kernel<<<2048, 256>>>(p, n, seed, scale);
-  BCHECK(cudaGetLastError());
+  EPMOE_CUDA_CHECK(cudaGetLastError());
 }
 
 struct Dev {
@@ -68,7 +61,7 @@ struct Dev {
   size_t bytes = 0;
   Dev() = default;
   explicit Dev(size_t b) : bytes(b) {
-    if (b) BCHECK(cudaMalloc(&p, b));
+    if (b) EPMOE_CUDA_CHECK(cudaMalloc(&p, b));
   }
   ~Dev() {
     if (p) cudaFree(p);
@@ -209,11 +202,11 @@ Result run_shape(const Shape& sh, const Options& opt) {
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
   const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
   Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
-  BCHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
-  BCHECK(cudaMemset(prow.p, 0xff, prow.bytes));
-  BCHECK(cudaMemset(pw.p, 0, pw.bytes));
-  BCHECK(cudaMemcpy(prow.p, L.pair_row.data(), L.pair_row.size() * 4, cudaMemcpyHostToDevice));
-  BCHECK(cudaMemcpy(pw.p, L.pair_weight.data(), L.pair_weight.size() * 4, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemset(prow.p, 0xff, prow.bytes));
+  EPMOE_CUDA_CHECK(cudaMemset(pw.p, 0, pw.bytes));
+  EPMOE_CUDA_CHECK(cudaMemcpy(prow.p, L.pair_row.data(), L.pair_row.size() * 4, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(pw.p, L.pair_weight.data(), L.pair_weight.size() * 4, cudaMemcpyHostToDevice));
 
   // Input sets: x (and the seed region's xs) rotate so consecutive replays miss in L2.
   const size_t x_bytes = size_t(T) * H * 2, xs_bytes = size_t(cap) * H * 2;
@@ -253,13 +246,13 @@ Result run_shape(const Shape& sh, const Options& opt) {
   };
 
   cudaStream_t s, side;
-  BCHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  BCHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
   cudaEvent_t fork, zeroed, t0, t1;
-  BCHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  BCHECK(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
-  BCHECK(cudaEventCreate(&t0));
-  BCHECK(cudaEventCreate(&t1));
+  EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&t0));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&t1));
 
   // fused: UP gathers from x (no gather kernel). serial_zero: the zeroing on the main stream first
   // (no overlap), to measure what the side stream saves.
@@ -274,37 +267,37 @@ Result run_shape(const Shape& sh, const Options& opt) {
       return;
     }
     if (serial_zero) {
-      BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
+      EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
       if (!fused)
         epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
                                            xsbuf[set].as<__nv_bfloat16>(), s);
       epmoe::kernels::sm90_experts_launch(p, s);
       return;
     }
-    BCHECK(cudaEventRecord(fork, s));
-    BCHECK(cudaStreamWaitEvent(side, fork, 0));
-    BCHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, side));
-    BCHECK(cudaEventRecord(zeroed, side));
+    EPMOE_CUDA_CHECK(cudaEventRecord(fork, s));
+    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, side));
+    EPMOE_CUDA_CHECK(cudaEventRecord(zeroed, side));
     if (!fused)
       epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
                                          xsbuf[set].as<__nv_bfloat16>(), s);
     if (opt.zero_before_down) {
       epmoe::kernels::sm90_up_launch(p, s);
-      BCHECK(cudaStreamWaitEvent(s, zeroed, 0));
+      EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, zeroed, 0));
       epmoe::kernels::sm90_down_launch(p, s, true);
     } else {
-      BCHECK(cudaStreamWaitEvent(s, zeroed, 0));
+      EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, zeroed, 0));
       epmoe::kernels::sm90_experts_launch(p, s);
     }
   };
   auto capture = [&](auto&& body) {
     cudaGraph_t g;
     cudaGraphExec_t ge;
-    BCHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    EPMOE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     body();
-    BCHECK(cudaStreamEndCapture(s, &g));
-    BCHECK(cudaGraphInstantiate(&ge, g, 0));
-    BCHECK(cudaGraphDestroy(g));
+    EPMOE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    EPMOE_CUDA_CHECK(cudaGraphDestroy(g));
     return ge;
   };
   // Rounds of `round()` (enqueueing one replay of each input set) until opt.warmup_ms of wall time
@@ -314,23 +307,23 @@ Result run_shape(const Shape& sh, const Options& opt) {
     for (int r = 1;; ++r) {
       round();
       if (r % 8 != 0 && r > 3) continue;
-      BCHECK(cudaStreamSynchronize(s));
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       if (r >= 3 && ms >= opt.warmup_ms) break;
     }
   };
   auto time_graphs = [&](std::vector<cudaGraphExec_t>& gs) {
     warm_up([&] {
-      for (auto g : gs) BCHECK(cudaGraphLaunch(g, s));
+      for (auto g : gs) EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
     });
     std::vector<float> ts;
     for (int i = 0; i < opt.iters; ++i) {
-      BCHECK(cudaEventRecord(t0, s));
-      BCHECK(cudaGraphLaunch(gs[size_t(i) % gs.size()], s));
-      BCHECK(cudaEventRecord(t1, s));
-      BCHECK(cudaEventSynchronize(t1));
+      EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
+      EPMOE_CUDA_CHECK(cudaGraphLaunch(gs[size_t(i) % gs.size()], s));
+      EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
       float ms = 0;
-      BCHECK(cudaEventElapsedTime(&ms, t0, t1));
+      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
       ts.push_back(ms);
     }
     return median(ts);
@@ -340,7 +333,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
   for (int i = 0; i < sets; ++i)
     epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
                                        xsbuf[i].as<__nv_bfloat16>(), s);
-  BCHECK(cudaStreamSynchronize(s));
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
 
   std::vector<cudaGraphExec_t> full_g, sep_g, seed_g, serial_g;
   for (int i = 0; i < sets; ++i) {
@@ -362,7 +355,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
     for (auto g : gs) cudaGraphExecDestroy(g);
     return ms;
   };
-  res.zero_ms = time_alone([&](int i) { BCHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
+  res.zero_ms = time_alone([&](int i) { EPMOE_CUDA_CHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
   res.gather_ms = time_alone([&](int i) {
     epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
                                        xsbuf[i].as<__nv_bfloat16>(), s);
@@ -382,18 +375,18 @@ Result run_shape(const Shape& sh, const Options& opt) {
     }
     warm_up([&] {
       for (int i = 0; i < sets; ++i) {
-        BCHECK(cudaGraphLaunch(ga[size_t(i)], s));
-        BCHECK(cudaGraphLaunch(gb[size_t(i)], s));
+        EPMOE_CUDA_CHECK(cudaGraphLaunch(ga[size_t(i)], s));
+        EPMOE_CUDA_CHECK(cudaGraphLaunch(gb[size_t(i)], s));
       }
     });
     std::vector<float> ta, tb;
     auto time_one = [&](cudaGraphExec_t g, std::vector<float>& out_ms) {
-      BCHECK(cudaEventRecord(t0, s));
-      BCHECK(cudaGraphLaunch(g, s));
-      BCHECK(cudaEventRecord(t1, s));
-      BCHECK(cudaEventSynchronize(t1));
+      EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
+      EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
+      EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
       float ms = 0;
-      BCHECK(cudaEventElapsedTime(&ms, t0, t1));
+      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
       out_ms.push_back(ms);
     };
     for (int i = 0; i < 2 * opt.iters; ++i) {
@@ -418,8 +411,8 @@ Result run_shape(const Shape& sh, const Options& opt) {
     std::vector<int64_t> toks;
     for (int i = 0; i < n; ++i) toks.push_back(i == 0 ? 0 : i == 1 ? T - 1 : int64_t(mix64(7 + i) % uint64_t(T)));
     std::vector<bf16> hw1(size_t(E) * 2 * F * H), hw2(size_t(E) * H * F);
-    BCHECK(cudaMemcpy(hw1.data(), w1.p, w1.bytes, cudaMemcpyDeviceToHost));
-    BCHECK(cudaMemcpy(hw2.data(), w2.p, w2.bytes, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(hw1.data(), w1.p, w1.bytes, cudaMemcpyDeviceToHost));
+    EPMOE_CUDA_CHECK(cudaMemcpy(hw2.data(), w2.p, w2.bytes, cudaMemcpyDeviceToHost));
     std::vector<bf16> xh(size_t(n) * H);
     std::vector<int32_t> ids(size_t(n) * k);
     std::vector<float> wts(size_t(n) * k), ref(size_t(n) * H);
@@ -434,13 +427,13 @@ Result run_shape(const Shape& sh, const Options& opt) {
     res.max_rel_err = 0;
     res.rel_l2 = 0;
     for (const bool fused : {true, false}) {
-      BCHECK(cudaMemsetAsync(out.p, 0xff, out.bytes, s));  // poison: the layer must zero and fill it
-      BCHECK(cudaStreamSynchronize(s));
+      EPMOE_CUDA_CHECK(cudaMemsetAsync(out.p, 0xff, out.bytes, s));  // poison: the layer must zero and fill it
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
       enqueue_full(0, fused);
-      BCHECK(cudaStreamSynchronize(s));
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
       std::vector<uint16_t> y(size_t(n) * H);
       for (int i = 0; i < n; ++i)
-        BCHECK(cudaMemcpy(&y[size_t(i) * H], out.as<uint16_t>() + size_t(toks[i]) * H, size_t(H) * 2,
+        EPMOE_CUDA_CHECK(cudaMemcpy(&y[size_t(i) * H], out.as<uint16_t>() + size_t(toks[i]) * H, size_t(H) * 2,
                           cudaMemcpyDeviceToHost));
       double e2 = 0, r2 = 0, worst = 0;
       bool finite = true;
@@ -574,9 +567,9 @@ int main(int argc, char** argv) {
   }
   try {
     int dev = 0;
-    BCHECK(cudaGetDevice(&dev));
+    EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
     cudaDeviceProp prop{};
-    BCHECK(cudaGetDeviceProperties(&prop, dev));
+    EPMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     if (!epmoe::kernels::sm90_experts_supported(dev)) {
       std::fprintf(stderr, "device %s (cc %d.%d): the sm_90a pipeline is not supported here\n", prop.name, prop.major,
                    prop.minor);

@@ -201,29 +201,29 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
   if (mode == Mode::graph) {
     // The benchmark's shape: out zeroed on a side stream (event-ordered), gather, up, down (PDL).
     cudaStream_t s, side;
-    TCHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    TCHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     cudaEvent_t fork, zeroed;
-    TCHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    TCHECK(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming));
     cudaGraph_t g;
     cudaGraphExec_t ge;
-    TCHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    EPMOE_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     if (!p.zero_out) {
-      TCHECK(cudaEventRecord(fork, s));
-      TCHECK(cudaStreamWaitEvent(side, fork, 0));
-      TCHECK(cudaMemsetAsync(p.out, 0, out_bytes, side));
-      TCHECK(cudaEventRecord(zeroed, side));
+      EPMOE_CUDA_CHECK(cudaEventRecord(fork, s));
+      EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+      EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, out_bytes, side));
+      EPMOE_CUDA_CHECK(cudaEventRecord(zeroed, side));
     }
     if (p.x == nullptr)
       epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
                                          const_cast<__nv_bfloat16*>(p.xs), s);
-    if (!p.zero_out) TCHECK(cudaStreamWaitEvent(s, zeroed, 0));
+    if (!p.zero_out) EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, zeroed, 0));
     epmoe::kernels::sm90_experts_launch(p, s);
-    TCHECK(cudaStreamEndCapture(s, &g));
-    TCHECK(cudaGraphInstantiate(&ge, g, 0));
-    for (int rep = 0; rep < 2; ++rep) TCHECK(cudaGraphLaunch(ge, s));  // twice: the zeroing must reset
-    TCHECK(cudaStreamSynchronize(s));
+    EPMOE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    EPMOE_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+    for (int rep = 0; rep < 2; ++rep) EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, s));  // twice: the zeroing must reset
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
     cudaEventDestroy(fork);
@@ -232,7 +232,7 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
     cudaStreamDestroy(s);
     return;
   }
-  if (!p.zero_out) TCHECK(cudaMemset(p.out, 0, out_bytes));
+  if (!p.zero_out) EPMOE_CUDA_CHECK(cudaMemset(p.out, 0, out_bytes));
   if (p.x == nullptr)
     epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
                                        const_cast<__nv_bfloat16*>(p.xs), nullptr);
@@ -242,8 +242,8 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
     epmoe::kernels::sm90_up_launch(p, nullptr);
     epmoe::kernels::sm90_down_launch(p, nullptr, /*pdl=*/false);
   }
-  TCHECK(cudaGetLastError());
-  TCHECK(cudaDeviceSynchronize());
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void run_case(const Case& cs) {
@@ -272,21 +272,21 @@ void run_case(const Case& cs) {
   DevBuf<int32_t> d_prow{size_t(cap)};
   DevBuf<float> d_pw{size_t(cap)};
   fill_hash_kernel<<<1024, 256>>>(d_x.p, int64_t(d_x.n), xseed, 1.0f);
-  TCHECK(cudaGetLastError());
-  TCHECK(cudaMemcpy(d_w1.p, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
-  TCHECK(cudaMemcpy(d_w2.p, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+  EPMOE_CUDA_CHECK(cudaMemcpy(d_w1.p, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(d_w2.p, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
   d_offs.upload(L.x.padded_offsets);
   // pair arrays past the total hold garbage on purpose: nothing may read them.
-  TCHECK(cudaMemset(d_prow.p, 0x7f, d_prow.bytes()));
-  TCHECK(cudaMemset(d_pw.p, 0x7f, d_pw.bytes()));
+  EPMOE_CUDA_CHECK(cudaMemset(d_prow.p, 0x7f, d_prow.bytes()));
+  EPMOE_CUDA_CHECK(cudaMemset(d_pw.p, 0x7f, d_pw.bytes()));
   if (total) {
-    TCHECK(cudaMemcpy(d_prow.p, L.x.pair_row.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
-    TCHECK(cudaMemcpy(d_pw.p, L.x.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
+    EPMOE_CUDA_CHECK(cudaMemcpy(d_prow.p, L.x.pair_row.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
+    EPMOE_CUDA_CHECK(cudaMemcpy(d_pw.p, L.x.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
   }
-  if (d_xs.p) TCHECK(cudaMemset(d_xs.p, 0xFF, d_xs.bytes()));  // bf16 0xFFFF = NaN
-  TCHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));
-  TCHECK(cudaMemset(d_out.p, 0xFF, d_out.bytes()));  // the pipeline zeroes it
-  TCHECK(cudaDeviceSynchronize());
+  if (d_xs.p) EPMOE_CUDA_CHECK(cudaMemset(d_xs.p, 0xFF, d_xs.bytes()));  // bf16 0xFFFF = NaN
+  EPMOE_CUDA_CHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));
+  EPMOE_CUDA_CHECK(cudaMemset(d_out.p, 0xFF, d_out.bytes()));  // the pipeline zeroes it
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
   ExpertProblem p;
   if (cs.fused_gather) {

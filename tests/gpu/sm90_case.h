@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "epmoe/bf16.h"
+#include "kernels/cuda_check.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/hash_fill.cuh"
 
@@ -21,14 +22,6 @@ namespace sm90_case {
 using epmoe::bf16;
 using epmoe::kernels::ExpertProblem;
 using epmoe::kernels::kExpertTile;
-
-#define TCHECK(call)                                                                                    \
-  do {                                                                                                  \
-    cudaError_t e_ = (call);                                                                            \
-    if (e_ != cudaSuccess)                                                                              \
-      throw std::runtime_error(std::string(#call) + " failed: " + cudaGetErrorString(e_) + " at line " + \
-                               std::to_string(__LINE__));                                               \
-  } while (0)
 
 // ---- deterministic data (identical on host and device): kernels/hash_fill.cuh ------------------
 using epmoe::kernels::hash_fill::fill_hash_kernel;
@@ -40,7 +33,7 @@ struct DevBuf {
   T* p = nullptr;
   size_t n = 0;
   explicit DevBuf(size_t count) : n(count) {
-    if (n) TCHECK(cudaMalloc(&p, n * sizeof(T)));
+    if (n) EPMOE_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T)));
   }
   ~DevBuf() {
     if (p) cudaFree(p);
@@ -49,12 +42,12 @@ struct DevBuf {
   DevBuf& operator=(const DevBuf&) = delete;
   size_t bytes() const { return n * sizeof(T); }
   void upload(const std::vector<T>& h) {
-    if (!h.empty()) TCHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    if (!h.empty()) EPMOE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   std::vector<T> download(size_t first = 0, size_t count = SIZE_MAX) const {
     count = std::min(count, n - first);
     std::vector<T> h(count);
-    if (count) TCHECK(cudaMemcpy(h.data(), p + first, count * sizeof(T), cudaMemcpyDeviceToHost));
+    if (count) EPMOE_CUDA_CHECK(cudaMemcpy(h.data(), p + first, count * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
 };

@@ -32,10 +32,10 @@ TEST(Sm90Experts, GatherRowsBitExact) {
   fill_hash_kernel<<<256, 256>>>(x.p, int64_t(x.n), 77, 1.0f);
   d_prow.upload(prow);
   d_total.upload(std::vector<int64_t>{total});
-  TCHECK(cudaMemset(xs.p, 0xFF, xs.bytes()));
+  EPMOE_CUDA_CHECK(cudaMemset(xs.p, 0xFF, xs.bytes()));
   epmoe::kernels::gather_rows_launch(reinterpret_cast<const __nv_bfloat16*>(x.p), x_rows, H, d_prow.p, d_total.p, cap,
                                      reinterpret_cast<__nv_bfloat16*>(xs.p), nullptr);
-  TCHECK(cudaDeviceSynchronize());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint16_t> got = xs.download();
   int64_t bad = 0;
   for (int64_t r = 0; r < cap; ++r)
@@ -286,14 +286,14 @@ INSTANTIATE_TEST_SUITE_P(Sm90Experts, Sm90Variant, ::testing::ValuesIn(variants(
 TEST(Sm90Experts, Large64BitOffsets) {
   size_t free_b = 0, total_b = 0;
   REQUIRE_SM90();
-  TCHECK(cudaMemGetInfo(&free_b, &total_b));
+  EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
   run_case({2, 1, 7168, 128, 310000, Route::uniform, 0, 24});
 }
 TEST(Sm90Experts, Large64BitOffsetsSeparateGather) {
   size_t free_b = 0, total_b = 0;
   REQUIRE_SM90();
-  TCHECK(cudaMemGetInfo(&free_b, &total_b));
+  EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
   run_case(separate({2, 1, 7168, 128, 310000, Route::uniform, 0, 24}));
 }
