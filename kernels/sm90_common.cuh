@@ -80,6 +80,10 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// `count` arrivals at once (a warp releasing a stage for itself and an idle partner warp).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
 // Blocks until the phase with the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;
@@ -124,8 +128,8 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
 // CUTLASS's ClusterBarrier::arrive(cta_id). Enough for the empty barriers: an arrival only says that
 // this CTA's wgmma reads of a slot have completed (wgmma.wait_group), it publishes no data. The
 // .release.cluster form costs a MEMBAR per arrive in the wgmma issue path (measured 35-40% slower).
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar, uint32_t count = 1) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0], %1;" ::"r"(cluster_bar), "r"(count) : "memory");
 }
 // Every thread of every CTA of the cluster; release/acquire at cluster scope (also a CTA barrier).
 __device__ __forceinline__ void cluster_sync() {
@@ -402,6 +406,7 @@ struct WorkGrid {
   int experts;
   const int32_t* item_off;    // by expert: items before expert e, e = 0..E (shared memory); else null
   const int32_t* tile_first;  // by expert: first tile of expert e, e = 0..E (shared memory)
+  TailSplit tail;             // last-wave halving (sm90_schedule.cuh); tail.split_from == items: none
 };
 struct WorkItem {
   bool valid;       // w < items
@@ -412,6 +417,7 @@ struct WorkItem {
   bool compute;     // this CTA has a tile to write: run the epilogue
   int expert;       // by expert: the weights' expert (global order: found by work_expert)
   bool multicast;   // by expert: the pair shares the weight tile
+  int half;         // 0: the whole tile; 1: rows [0, 64) only; 2: rows [64, 128) only (TailSplit)
 };
 
 // Bytes of shared memory the by-expert order needs after the ring (item_off and tile_first).
@@ -453,9 +459,10 @@ __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict_
 }
 
 // All threads. sched: the shared-memory schedule area (by expert), or null for the global order.
+// tail_split: halve the last wave's items (global order, single CTAs only; see TailSplit).
 template <bool kCluster>
 __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __restrict__ padded_offsets, int experts,
-                                                   int group_tiles, int32_t* sched) {
+                                                   int group_tiles, int32_t* sched, bool tail_split_on = false) {
   WorkGrid g;
   g.total = padded_offsets[experts];
   g.nn = nn;
@@ -473,6 +480,11 @@ __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __rest
   } else {
     g.item_off = g.tile_first = nullptr;
     g.items = g.units * nn;
+  }
+  g.tail = {g.items, g.items};
+  if (!kCluster && sched == nullptr && tail_split_on) {
+    g.tail = tail_split(g.items, int64_t(gridDim.x));
+    g.items = g.tail.items;
   }
   return g;
 }
@@ -492,6 +504,8 @@ __device__ __forceinline__ WorkItem work_item(int64_t w, const WorkGrid& g) {
   t.valid = w < g.items;
   t.expert = -1;
   t.multicast = false;
+  t.half = 0;
+  if (t.valid && w >= g.tail.split_from) w = tail_item(w, g.tail, t.half);
   if (!t.valid) {
     t.base = t.m0 = t.load_m0 = g.total;
     t.nb = 0;
@@ -557,38 +571,61 @@ struct ItemView {
   int64_t m0;    // first row of this CTA's tile
   int nb;        // column block
   bool compute;  // run the epilogue
+  int half;      // WorkItem::half: 0 whole tile, 1 rows [0, 64) only, 2 rows [64, 128) only
+  // Whether warpgroup c (rows [64c, 64c + 64)) has no rows in this item (a half item of the other).
+  __device__ __forceinline__ bool idle(int c) const { return half != 0 && half != 1 + c; }
 };
 static_assert(kBM == 128, "item slots store m0 / 128");
-inline constexpr int kItemIdleBit = 0x40000000;
+inline constexpr int kItemIdleBit = 0x40000000, kItemHalfShift = 28, kItemNbMask = (1 << kItemHalfShift) - 1;
 __device__ __forceinline__ void publish_item(int2* slots, uint32_t s, const WorkItem& wi) {
-  slots[s] = make_int2(int(wi.m0 >> 7), wi.nb | (wi.compute ? 0 : kItemIdleBit));
+  slots[s] = make_int2(int(wi.m0 >> 7), wi.nb | (wi.half << kItemHalfShift) | (wi.compute ? 0 : kItemIdleBit));
 }
 __device__ __forceinline__ ItemView read_item(const int2* slots, uint32_t s) {
   const int2 v = slots[s];
-  return {int64_t(v.x) * kBM, v.y & (kItemIdleBit - 1), (v.y & kItemIdleBit) == 0};
+  return {int64_t(v.x) * kBM, v.y & kItemNbMask, (v.y & kItemIdleBit) == 0, (v.y >> kItemHalfShift) & 3};
 }
 
 // ---- the consumers' main loop over one item, shared by both kernels ----------------------------
 // acc (zeroed here) = this warpgroup's 64 rows of A (at a_off in each A stage) times the 256 rows of
 // B, over num_k stages of the ring starting at use `it` (advanced past the item). A stage is released
-// (release(s): this CTA's producer, and a cluster peer's) once the next stage's wgmma group is issued,
-// the last one after the final wait. proxy_fence: the stage's A rows were written by cp.async
-// (generic proxy) and signalled by the copy engine, so wgmma's async-proxy reads need the fence after
-// the wait. Returns the item the producer published with its first stage (read after that stage's
-// wgmma group is issued, so the read overlaps the tensor work); at_first(iv) runs there too.
-// at_step(kt) runs after stage kt's wgmma group is issued (and before the wait for stage kt - 1), so
-// work placed there overlaps two queued groups of tensor work.
+// (release(s, n): n arrivals on this CTA's empty barrier, and a cluster peer's) once the next stage's
+// wgmma group is issued, the last one after the final wait. proxy_fence: the stage's A rows were
+// written by cp.async (generic proxy) and signalled by the copy engine, so wgmma's async-proxy reads
+// need the fence after the wait. Returns the item the producer published with its first stage, read
+// before the first wgmma; at_first(iv) runs after that stage's wgmma group is issued. at_step(kt)
+// runs after stage kt's wgmma group is issued (and before the wait for stage kt - 1), so work placed
+// there overlaps two queued groups of tensor work.
+// Half items (ItemView::half, the last wave's TailSplit): the warpgroup without rows leaves the ring
+// alone - it releases the first stage itself (after reading its slot, so the slot's reuse stays
+// ordered by its own arrival), the other warpgroup releases the rest for both (n = 2: each of its
+// warps arrives for itself and its idle partner) - and both meet at named barrier kHalfItemBarrier
+// after the item, so the idle one's next full-barrier wait is not a round early. acc stays zero; the
+// caller skips the idle warpgroup's epilogue (its rows belong to another CTA's half item).
+inline constexpr uint32_t kHalfItemBarrier = 3;  // named barrier id (UP's epilogue uses 1 and 2)
 template <typename Release, typename AtFirst, typename AtStep>
 __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it, int num_k, uint32_t full0,
-                                                 uint32_t sA, uint32_t sB, uint32_t a_off, bool proxy_fence,
+                                                 uint32_t sA, uint32_t sB, uint32_t a_off, bool proxy_fence, int c,
                                                  const int2* item_slots, Release&& release, AtFirst&& at_first,
                                                  AtStep&& at_step) {
-  ItemView iv{};
 #pragma unroll
   for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+  const uint32_t s0 = it % kStages;
+  mbar_wait(full0 + 8 * s0, (it / kStages) & 1u);
+  const ItemView iv = read_item(item_slots, s0);
+  if (iv.idle(c)) {
+    release(s0, 1u);
+    for (int kt = 0; kt < num_k; ++kt) {
+      at_step(kt);
+      if (kt == 0) at_first(iv);
+    }
+    it += uint32_t(num_k);
+    named_barrier_sync(kHalfItemBarrier, 256);
+    return iv;
+  }
+  const uint32_t both = iv.half != 0 ? 2u : 1u;  // arrivals per release from stage 1 on
   for (int kt = 0; kt < num_k; ++kt, ++it) {
     const uint32_t s = it % kStages;
-    mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
+    if (kt > 0) mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
     if (proxy_fence) fence_proxy_async_shared();
     const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
     const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
@@ -598,16 +635,16 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
     wgmma_commit();
     at_step(kt);
     if (kt == 0) {
-      iv = read_item(item_slots, s);
       at_first(iv);
     } else {
       wgmma_wait<1>();  // the group of use it-1 is done: its stage may be refilled
-      release((it - 1) % kStages);
+      release((it - 1) % kStages, kt > 1 ? both : 1u);
     }
   }
   wgmma_wait<0>();
   fence_regs(acc);
-  release((it - 1) % kStages);  // the item's last stage
+  release((it - 1) % kStages, num_k > 1 ? both : 1u);  // the item's last stage
+  if (iv.half != 0) named_barrier_sync(kHalfItemBarrier, 256);
   return iv;
 }
 

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                     int hidden, int ffn, int group_tiles, int by_expert, int staged_epi) {
+                     int hidden, int ffn, int group_tiles, int by_expert, int staged_epi, int tail_split) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -111,7 +111,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* stage_rows = reinterpret_cast<int32_t*>(staging + 2 * kStageHalfBytes);  // [2][64] out rows
   int2* stage_hdr = reinterpret_cast<int2*>(stage_rows + 128);                        // [2] (n0, compute)
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kDownStagingBytes : 0)) : nullptr;
-  const WorkGrid grid = make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched);
+  const WorkGrid grid =
+      make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched, tail_split != 0);
   if (work_first<kCluster>() >= grid.items) return;  // no work (in a cluster: both CTAs alike)
 
   const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16 (act)
@@ -221,10 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int q = lane & 3;
     const uint32_t a_off = uint32_t(c) * 64 * 128;
     const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
-    auto release = [&](uint32_t s) {  // as in the UP kernel
+    auto release = [&](uint32_t s, uint32_t n) {  // as in the UP kernel
       if (lane == 0) {
-        mbar_arrive(empty0 + 8 * s);
-        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s);
+        mbar_arrive(empty0 + 8 * s, n);
+        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s, n);
       }
     };
 
@@ -250,9 +251,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float pw[2] = {0.0f, 0.0f};
       float acc[128];
       const ItemView iv =
-          consume_item(acc, it, num_k, full0, sA, sB, a_off, /*proxy_fence=*/false, item_slots, release,
+          consume_item(acc, it, num_k, full0, sA, sB, a_off, /*proxy_fence=*/false, c, item_slots, release,
                        [&](const ItemView& first) {
-                         if (!first.compute) return;
+                         if (!first.compute || first.idle(c)) return;
                          const int64_t row0 = first.m0 + c * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
                          for (int h = 0; h < 2; ++h) {
@@ -264,6 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                          if (kt == kFlushStep) flush_held();
                        });
       flush_held();  // (a main loop of kFlushStep stages or fewer)
+      // Nothing to reduce: a cluster rank without a tile, or the other warpgroup's half item.
+      const bool mine = iv.compute && !iv.idle(c);
       if (staged_epi) {
         // Half 0 goes to the staging buffer now (after the reducers have read the previous half);
         // half 1 stays packed in registers and is stored during the next item's third k step (or
@@ -274,19 +277,19 @@ __global__ void __launch_bounds__(kThreads, 1)
           stage_rows[64 * c + 16 * warp + (lane >> 2)] = prow[0];
           stage_rows[64 * c + 16 * warp + (lane >> 2) + 8] = prow[1];
         }
-        if ((threadIdx.x & 127) == 0) stage_hdr[c] = make_int2(iv.nb * kBN, iv.compute ? 1 : 0);
-        if (iv.compute) {
+        if ((threadIdx.x & 127) == 0) stage_hdr[c] = make_int2(iv.nb * kBN, mine ? 1 : 0);
+        if (mine) {
           uint32_t v[32];
           pack_half(v, acc, 0, pw[0], pw[1]);
           store_half(stg, v, warp, lane);
           pack_half(held, acc, 1, pw[0], pw[1]);
         }
-        held_compute = iv.compute;
+        held_compute = mine;
         mbar_arrive(staged0 + 8 * c);
         ++epi_round;
         continue;
       }
-      if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to reduce
+      if (!mine) continue;
       const int n0 = iv.nb * kBN;
 
       // ---------------- epilogue: weighted bf16 reduction into out, 16 bytes per red ----------------
@@ -317,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)group_tiles, (void)by_expert, (void)staged_epi;
+      (void)group_tiles, (void)by_expert, (void)staged_epi, (void)tail_split;
 #endif
 }
 
@@ -336,7 +339,8 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nn, cluster, staged ? kDownStagingBytes : 0);
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
-              p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0);
+              p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0,
+              sm90_tail_split() ? 1 : 0);
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

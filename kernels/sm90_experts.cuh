@@ -23,6 +23,7 @@
 //                            each expert (sm90_order_by_expert)
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
+//   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
 //   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
 //                            gather from x (sm90_fused_gather_enabled)
 #pragma once
@@ -67,6 +68,9 @@ bool sm90_down_staged_epilogue();
 // act that runs on under the next item; "direct" - quad transpose and 16-byte stores from registers.
 // EPMOE_SM90_UP_EPILOGUE=staged|direct.
 bool sm90_up_staged_epilogue();
+// The last wave's items halved (TailSplit in sm90_schedule.cuh; global order, single CTAs): "half"
+// (the default) or "off". EPMOE_SM90_TAIL_SPLIT=half|off.
+bool sm90_tail_split();
 
 // xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);

@@ -100,6 +100,33 @@ EPMOE_SCHED_FN ScheduledItem expert_item(int local, int first_tile, int tiles, i
   return s;
 }
 
+// Last-wave halving (global order, single CTAs). With `grid` persistent CTAs taking items b, b + grid,
+// ..., the items past the last full wave run on only `items % grid` SMs while the rest idle. When they
+// fill at most half a wave, each of them is run as two half items instead - rows [0, 64) of its tile
+// on one CTA, rows [64, 128) on the next - so the last wave takes about half as long. Half items come
+// only after every whole item, so no CTA runs ahead of its partners on a shared weight stream in the
+// full waves (the lockstep that makes the weights' DRAM reads cheap; docs/ARCHITECTURE.md).
+struct TailSplit {
+  int64_t split_from;  // first halved item (== items when nothing is halved)
+  int64_t items;       // item indices after halving: split_from + 2 (original items - split_from)
+};
+EPMOE_SCHED_FN TailSplit tail_split(int64_t items, int64_t grid) {
+  const int64_t r = grid > 0 ? items % grid : 0;
+  if (r == 0 || 2 * r > grid) return {items, items};
+  return {items - r, items + r};
+}
+// Index w < t.items after halving -> the original item and its part: 0 whole, 1 rows [0, 64) only,
+// 2 rows [64, 128) only.
+EPMOE_SCHED_FN int64_t tail_item(int64_t w, const TailSplit& t, int& half) {
+  if (w < t.split_from) {
+    half = 0;
+    return w;
+  }
+  const int64_t j = w - t.split_from;
+  half = 1 + int(j & 1);
+  return t.split_from + j / 2;
+}
+
 // The expert owning item w: the largest e < experts with item_off[e] <= w, for a non-decreasing
 // item_off[0..experts] with item_off[0] = 0 <= w < item_off[experts] (empty experts repeat a value).
 EPMOE_SCHED_FN int expert_of_item(const int32_t* item_off, int experts, int w) {

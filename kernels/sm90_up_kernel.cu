@@ -137,7 +137,9 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
     for (int i = 0; i < 8; ++i) {
       int32_t r = -1;
       if (wi.m0 < grid.total) r = pair_row[wi.m0 + rg + 16 * i];  // >= total: no rows (idle rank, or past the end)
-      const bool ok = r >= 0 && int64_t(r) < x_rows;
+      // (a half item gathers only its own 64 rows; the other warpgroup's read zeros and are not used)
+      const bool mine = wi.half == 0 || (i < 4) == (wi.half == 1);
+      const bool ok = mine && r >= 0 && int64_t(r) < x_rows;
       src[i] = xc + (ok ? int64_t(r) * hidden : 0);
       valid |= ok ? (1u << i) : 0u;
     }
@@ -208,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                    const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert,
-                   int staged_epi, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks) {
+                   int staged_epi, int tail_split, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // After the ring: (staged epilogue) the act staging boxes, then (by expert) the schedule's offsets.
   uint8_t* staging = ring + kStages * kStageBytes;
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kUpStagingBytes : 0)) : nullptr;
-  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched);
+  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched, tail_split != 0);
   ZeroPlan zero = make_zero_plan<kCluster>(zero_out, zero_chunks, grid.items);
   // No work: the whole CTA zeroes its share of out and leaves (in a cluster both CTAs alike, before
   // any cross-CTA traffic).
@@ -297,19 +299,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
     const bool cp_fence = x != nullptr && gather_async_arrive != 0;
     // Slot release: this CTA's producer, and in a cluster the peer's too (its multicast writes here).
-    auto release = [&](uint32_t s) {
+    auto release = [&](uint32_t s, uint32_t n) {  // n: arrivals (2: also for an idle partner warp)
       if (lane == 0) {
-        mbar_arrive(empty0 + 8 * s);
-        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s);
+        mbar_arrive(empty0 + 8 * s, n);
+        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s, n);
       }
     };
 
     uint32_t it = 0;
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
       float acc[128];
-      const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, cp_fence, item_slots, release,
+      const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, cp_fence, c, item_slots, release,
                                        [](const ItemView&) {}, [](int) {});
-      if (!iv.compute) continue;     // cluster rank 1 without a tile: nothing to write
+      // cluster rank 1 without a tile, or the other warpgroup's half item: nothing to write
+      if (!iv.compute || iv.idle(c)) continue;
       const int j = iv.nb;
 
       if (staged_epi) {
@@ -376,8 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
-      (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)zero_out,
-      (void)zero_chunks;
+      (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)tail_split,
+      (void)zero_out, (void)zero_chunks;
 #endif
 }
 
@@ -443,7 +446,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, plan.items, plan.smem, s,
               "sm90_up_launch", tm_xs, tm_w1, tm_act, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
-              plan.by_expert ? 1 : 0, staged ? 1 : 0, p.zero_out ? p.out : nullptr,
+              plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split() ? 1 : 0, p.zero_out ? p.out : nullptr,
               p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0));
 }
 

@@ -190,6 +190,25 @@ TEST(Sm90Knobs, Epilogues) {
   }
 }
 
+TEST(Sm90Knobs, TailSplit) {
+  {
+    Env e("EPMOE_SM90_TAIL_SPLIT", nullptr);
+    EXPECT_TRUE(epmoe::kernels::sm90_tail_split());
+  }
+  {
+    Env e("EPMOE_SM90_TAIL_SPLIT", "off");
+    EXPECT_FALSE(epmoe::kernels::sm90_tail_split());
+  }
+  {
+    Env e("EPMOE_SM90_TAIL_SPLIT", "half");
+    EXPECT_TRUE(epmoe::kernels::sm90_tail_split());
+  }
+  for (const char* bad : {"1", "on", "Half"}) {
+    Env e("EPMOE_SM90_TAIL_SPLIT", bad);
+    EXPECT_EQ(code_of([] { (void)epmoe::kernels::sm90_tail_split(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 TEST(Sm90Knobs, GridItemBound) {
   EXPECT_EQ(sm90_work_items(10, 4, 8, false, true), 80);
   EXPECT_EQ(sm90_work_items(10, 4, 8, true, false), 40);

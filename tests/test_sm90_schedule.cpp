@@ -155,3 +155,43 @@ TEST(Sm90Schedule, LeftoverInterleavedAfterItsColumnPair) {
 }
 
 }  // namespace
+
+// Last-wave halving: with `grid` CTAs taking items b, b + grid, ..., every original item is covered
+// exactly once whole or exactly twice as halves 1 and 2; halves only when the last wave is at most
+// half full, all of them in that last wave (so no CTA runs a half item before a whole one).
+TEST(Sm90Schedule, TailSplitHalvesOnlyTheLastWave) {
+  using epmoe::kernels::sm90::tail_item;
+  using epmoe::kernels::sm90::tail_split;
+  using epmoe::kernels::sm90::TailSplit;
+  for (int64_t grid : {1, 2, 7, 132}) {
+    for (int64_t items = 0; items <= 5 * grid + 3; ++items) {
+      const TailSplit t = tail_split(items, grid);
+      const int64_t r = items % grid;
+      const bool split = r != 0 && 2 * r <= grid;
+      EXPECT_EQ(t.split_from, split ? items - r : items) << grid << " " << items;
+      EXPECT_EQ(t.items, split ? items + r : items);
+      EXPECT_EQ(t.split_from % grid, split ? 0 : t.split_from % grid);
+      EXPECT_LE(t.items - t.split_from, grid);  // every half item in one wave
+      std::vector<int> whole(size_t(items), 0), lower(size_t(items), 0), upper(size_t(items), 0);
+      for (int64_t w = 0; w < t.items; ++w) {
+        int half = -1;
+        const int64_t base = tail_item(w, t, half);
+        ASSERT_GE(base, 0);
+        ASSERT_LT(base, items);
+        if (half == 0) {
+          EXPECT_LT(w, t.split_from);
+          ++whole[size_t(base)];
+        } else {
+          EXPECT_GE(w, t.split_from);
+          ++(half == 1 ? lower : upper)[size_t(base)];
+        }
+      }
+      for (int64_t i = 0; i < items; ++i) {
+        const bool halved = i >= t.split_from;
+        EXPECT_EQ(whole[size_t(i)], halved ? 0 : 1) << grid << " " << items << " " << i;
+        EXPECT_EQ(lower[size_t(i)], halved ? 1 : 0);
+        EXPECT_EQ(upper[size_t(i)], halved ? 1 : 0);
+      }
+    }
+  }
+}

@@ -268,6 +268,26 @@ const std::vector<Variant>& variants() {
       {"TileEdgesClusterE8K1H7168F2048T835", "1", "3", with({8, 1, 7168, 2048, 835, Route::tile_edges, 0, 64}, 64)},
       {"TileEdgesGraphCapturedZeroOutE24K1H2048F1024T2505", "0", "16",
        zero_in_up(with({24, 1, 2048, 1024, 2505, Route::tile_edges, 256, 128}, 65, Mode::graph))},
+      // The last wave halved (EPMOE_SM90_TAIL_SPLIT=half, the default; TailSplit in sm90_schedule.cuh):
+      // every item halved (a capacity far above the rows, so the grid has a CTA per SM and the items
+      // fill less than half of it; small: also under the sanitizers), only the last wave's (T=16k:
+      // 4232-odd items on 132 CTAs), UP from xs, graph replays with in-kernel zeroing, the direct
+      // epilogues, and the knob off.
+      {"TailSplitSmallAllHalvedE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 68)},
+      {"TailSplitAllHalvedE8K2H2048F768T300", "0", "16",
+       with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 69)},
+      {"TailSplitLastWaveE32K4H2048F1024T16384", "0", "16",
+       with({32, 4, 2048, 1024, 16384, Route::uniform, 0, 48}, 70)},
+      {"TailSplitSeparateGatherTileEdgesE16K2H2048F768T1670", "0", "16",
+       separate(with({16, 2, 2048, 768, 1670, Route::tile_edges, 132 * 128, 256}, 71))},
+      {"TailSplitGraphCapturedZeroOutE8K2H7168F2048T300", "0", "16",
+       zero_in_up(with({8, 2, 7168, 2048, 300, Route::uniform, 132 * 128, 32}, 72, Mode::graph))},
+      {"TailSplitDownDirectSmallE4K2H256F256T64", "0", "16",
+       with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 73), nullptr, "EPMOE_SM90_DOWN_EPILOGUE", "direct"},
+      {"TailSplitUpDirectE8K2H2048F768T300", "0", "16", with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 74),
+       nullptr, "EPMOE_SM90_UP_EPILOGUE", "direct"},
+      {"TailSplitOffAllHalvedE8K2H2048F768T300", "0", "16",
+       with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 75), nullptr, "EPMOE_SM90_TAIL_SPLIT", "off"},
   };
   return v;
 }
