@@ -8,7 +8,9 @@
 //                                      (zero for padding or pair_row outside [0, x_rows)) and xs is
 //                                      neither read nor needed; the cuBLAS path always reads xs.
 //   padded_offsets[E_local + 1] i64    segment starts in xs (device; the host may not know them)
-//   pair_row[rows_capacity] i32        for each xs row: destination row in `out`, -1 for padding
+//   pair_row[rows_capacity] i32        for each xs row: destination row in `out`, -1 for padding;
+//                                      padding rows are each segment's tail (as expert_layout
+//                                      writes them; the sm_90 kernels' padding halves rely on it)
 //   pair_weight[rows_capacity] f32     routing weight of that (row, expert) pair, 0 for padding
 //   w1[E_local, 2*ffn, hidden] bf16    rows 0..ffn-1 gate, ffn..2ffn-1 up
 //   w2[E_local, hidden, ffn] bf16

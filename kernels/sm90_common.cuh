@@ -408,6 +408,14 @@ struct WorkGrid {
   const int32_t* tile_first;  // by expert: first tile of expert e, e = 0..E (shared memory)
   TailSplit tail;             // last-wave halving (sm90_schedule.cuh); tail.split_from == items: none
 };
+// Half items: which 64-row halves of a tile an item computes. Whole; lower or upper only (the last
+// wave's TailSplit: the other half runs on another CTA); lower only because the upper half is all
+// padding (EPMOE_SM90_PAD_HALVES; UP's idle warpgroup still writes its act rows, as zeros).
+inline constexpr int kHalfWhole = 0, kHalfLower = 1, kHalfUpper = 2, kHalfPadUpper = 3;
+// Whether warpgroup c (rows [64c, 64c + 64)) computes in an item of this kind.
+EPMOE_SCHED_FN bool half_has_rows(int half, int c) {
+  return half == kHalfWhole || (c == 0 ? half == kHalfLower || half == kHalfPadUpper : half == kHalfUpper);
+}
 struct WorkItem {
   bool valid;       // w < items
   int64_t base;     // global order: first row of the unit (this CTA's tile, or the pair's first tile)
@@ -417,7 +425,7 @@ struct WorkItem {
   bool compute;     // this CTA has a tile to write: run the epilogue
   int expert;       // by expert: the weights' expert (global order: found by work_expert)
   bool multicast;   // by expert: the pair shares the weight tile
-  int half;         // 0: the whole tile; 1: rows [0, 64) only; 2: rows [64, 128) only (TailSplit)
+  int half;         // kHalf*: the whole tile, or the rows of one warpgroup only (half items)
 };
 
 // Bytes of shared memory the by-expert order needs after the ring (item_off and tile_first).
@@ -559,6 +567,19 @@ __device__ __forceinline__ int work_expert(const int64_t* __restrict__ padded_of
   return e0;
 }
 
+// Padding halves (EPMOE_SM90_PAD_HALVES): a segment's padding rows are its tail, so a whole tile whose
+// row 64 is padding (pair_row -1) has nothing in rows [64, 128) and runs as a half item. The
+// producers read pair_row of an item's row 64 an item ahead (pad_row64, null pad_pair_row: off) and
+// apply it when the item starts (apply_pad_half), so the load never stalls an item boundary.
+__device__ __forceinline__ int32_t pad_row64(const int32_t* __restrict__ pad_pair_row, const WorkItem& w,
+                                             const WorkGrid& g) {
+  const bool candidate = w.valid && w.compute && w.half == kHalfWhole && w.m0 < g.total;
+  return pad_pair_row != nullptr && candidate ? pad_pair_row[w.m0 + 64] : 0;
+}
+__device__ __forceinline__ void apply_pad_half(WorkItem& w, int32_t row64) {
+  if (row64 < 0) w.half = kHalfPadUpper;
+}
+
 // ---- item hand-off from the producer to the consumers ------------------------------------------
 // The consumers do not decode work items: the producer, which runs stages ahead, writes each item's
 // (tile, column block, compute) into a per-stage slot before it arms the item's first stage, and the
@@ -571,9 +592,9 @@ struct ItemView {
   int64_t m0;    // first row of this CTA's tile
   int nb;        // column block
   bool compute;  // run the epilogue
-  int half;      // WorkItem::half: 0 whole tile, 1 rows [0, 64) only, 2 rows [64, 128) only
+  int half;      // WorkItem::half (kHalf*)
   // Whether warpgroup c (rows [64c, 64c + 64)) has no rows in this item (a half item of the other).
-  __device__ __forceinline__ bool idle(int c) const { return half != 0 && half != 1 + c; }
+  __device__ __forceinline__ bool idle(int c) const { return !half_has_rows(half, c); }
 };
 static_assert(kBM == 128, "item slots store m0 / 128");
 inline constexpr int kItemIdleBit = 0x40000000, kItemHalfShift = 28, kItemNbMask = (1 << kItemHalfShift) - 1;
@@ -595,12 +616,13 @@ __device__ __forceinline__ ItemView read_item(const int2* slots, uint32_t s) {
 // before the first wgmma; at_first(iv) runs after that stage's wgmma group is issued. at_step(kt)
 // runs after stage kt's wgmma group is issued (and before the wait for stage kt - 1), so work placed
 // there overlaps two queued groups of tensor work.
-// Half items (ItemView::half, the last wave's TailSplit): the warpgroup without rows leaves the ring
-// alone - it releases the first stage itself (after reading its slot, so the slot's reuse stays
-// ordered by its own arrival), the other warpgroup releases the rest for both (n = 2: each of its
-// warps arrives for itself and its idle partner) - and both meet at named barrier kHalfItemBarrier
-// after the item, so the idle one's next full-barrier wait is not a round early. acc stays zero; the
-// caller skips the idle warpgroup's epilogue (its rows belong to another CTA's half item).
+// Half items (ItemView::half: the last wave's TailSplit, padding halves): the warpgroup without rows
+// leaves the ring alone - it releases the first stage itself (after reading its slot, so the slot's
+// reuse stays ordered by its own arrival), the other warpgroup releases the rest for both (n = 2:
+// each of its warps arrives for itself and its idle partner) - and both meet at named barrier
+// kHalfItemBarrier after the item, so the idle one's next full-barrier wait is not a round early.
+// acc stays zero; the caller skips the idle warpgroup's epilogue (its rows belong to another CTA's
+// half item) except UP's for a padding half (its act rows are written as zeros).
 inline constexpr uint32_t kHalfItemBarrier = 3;  // named barrier id (UP's epilogue uses 1 and 2)
 template <typename Release, typename AtFirst, typename AtStep>
 __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it, int num_k, uint32_t full0,

@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                     int hidden, int ffn, int group_tiles, int by_expert, int staged_epi, int tail_split) {
+                     int hidden, int ffn, int group_tiles, int by_expert, int staged_epi, int tail_split,
+                     int pad_halves) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -145,9 +146,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       uint32_t it = 0;
       bool first = true;
-      for (int64_t w = work_first<kCluster>();; w += stride) {
-        const WorkItem wi = work_item<kCluster>(w, grid);
-        if (!wi.valid) break;
+      // Padding halves as in the UP kernel: each item's flag row is loaded an item ahead.
+      const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
+      WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
+      apply_pad_half(wi, pad_row64(pad_pair_row, wi, grid));
+      for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
+        WorkItem next = work_item<kCluster>(w + stride, grid);
+        const int32_t next_row64 = pad_row64(pad_pair_row, next, grid);
         const int n0 = wi.nb * kBN;
         bool multicast;
         const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
@@ -182,6 +187,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     grid.rank);
           }
         }
+        apply_pad_half(next, next_row64);
+        wi = next;
       }
     } else if (staged_epi) {
       // ---------------- reducers (warps 1..3): staged halves -> out ----------------
@@ -320,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)group_tiles, (void)by_expert, (void)staged_epi, (void)tail_split;
+      (void)group_tiles, (void)by_expert, (void)staged_epi, (void)tail_split, (void)pad_halves;
 #endif
 }
 
@@ -337,10 +344,11 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const int nn = (p.hidden + kBN - 1) / kBN;
   const bool staged = sm90_down_staged_epilogue();
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nn, cluster, staged ? kDownStagingBytes : 0);
+  const bool pad_halves = sm90_skip_pad_halves(tiles, p.experts, p.ffn, plan.items, cluster);
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
               p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0,
-              sm90_tail_split() ? 1 : 0);
+              sm90_tail_split() ? 1 : 0, pad_halves ? 1 : 0);
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

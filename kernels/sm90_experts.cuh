@@ -24,6 +24,8 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
+//   EPMOE_SM90_PAD_HALVES=auto|skip|compute  an all-padding upper tile half: no tensor work when
+//                            L2 holds a wave's weight streams (auto), always, or never
 //   EPMOE_SM90_GATHER=separate  the engine runs gather_rows into xs before UP instead of letting UP
 //                            gather from x (sm90_fused_gather_enabled)
 #pragma once
@@ -71,6 +73,10 @@ bool sm90_up_staged_epilogue();
 // The last wave's items halved (TailSplit in sm90_schedule.cuh; global order, single CTAs): "half"
 // (the default) or "off". EPMOE_SM90_TAIL_SPLIT=half|off.
 bool sm90_tail_split();
+// Tiles whose upper 64 rows are all padding run as half items (sm90_pad_halves_auto in
+// sm90_launch_config.cuh says when): 0 "compute", 1 "skip", 2 "auto" (the default), from
+// EPMOE_SM90_PAD_HALVES=compute|skip|auto.
+int sm90_pad_halves_mode();
 
 // xs (or x gathered through pair_row), w1 -> act.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);

@@ -73,6 +73,24 @@ Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int blocks, bool clu
   return plan;
 }
 
+bool sm90_pad_halves_auto(int64_t tiles, int experts, int k_dim, int64_t grid, int group, int64_t l2_bytes) {
+  if (tiles <= 0 || experts <= 0 || k_dim <= 0 || grid <= 0 || l2_bytes <= 0) return false;
+  const int64_t partners = std::clamp<int64_t>(tiles / experts, 1, std::max(group, 1));
+  const int64_t slices = (grid + partners - 1) / partners;
+  const int64_t wave_bytes = slices * kBN * int64_t(k_dim) * 2;
+  return 4 * wave_bytes <= l2_bytes;
+}
+
+bool sm90_skip_pad_halves(int64_t tiles, int experts, int k_dim, int64_t items, bool cluster) {
+  const int mode = sm90_pad_halves_mode();  // 0 compute, 1 skip, 2 auto
+  if (cluster || mode == 0) return false;
+  if (mode == 1) return true;
+  int dev = 0, l2 = 0;
+  const int sms = device_sm_count(&dev);
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  return sm90_pad_halves_auto(tiles, experts, k_dim, std::min<int64_t>(items, sms), sm90_group_tiles(), l2);
+}
+
 cudaLaunchAttribute sm90_cluster_pair_attr() {
   cudaLaunchAttribute a{};
   a.id = cudaLaunchAttributeClusterDimension;
@@ -171,5 +189,14 @@ bool sm90_order_by_expert(int experts) { return sm90::sm90_kernel_order_by_exper
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off", true); }
+// Default auto (sm90_pad_halves_auto): same-process A/Bs in docs/PERF.md, session 9.
+int sm90_pad_halves_mode() {
+  const char* env = std::getenv("EPMOE_SM90_PAD_HALVES");
+  if (env == nullptr || env[0] == '\0') return 2;
+  const std::string v(env);
+  EPMOE_CHECK(v == "auto" || v == "skip" || v == "compute", ErrorCode::invalid_argument,
+              "EPMOE_SM90_PAD_HALVES must be auto, skip or compute, got '", v, "'");
+  return v == "compute" ? 0 : v == "skip" ? 1 : 2;
+}
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

@@ -52,6 +52,18 @@ struct Sm90LaunchPlan {
 };
 Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int blocks, bool cluster, size_t staging);
 
+// Padding halves (EPMOE_SM90_PAD_HALVES=auto|skip|compute, default auto): whether a kernel with K =
+// `k_dim` over `tiles` capacity row tiles runs the all-padding upper half of an expert's last tile
+// as nothing (a half item) or computes it. Skipping saves the tile's MMA but makes the item shorter
+// than its partners on the same weight stream (same expert and column block), which then lead or
+// trail it; that costs nothing while L2 holds what a wave of CTAs streams, and a DRAM re-read
+// otherwise (docs/PERF.md sessions 8 and 9). auto: skip when the weight bytes one wave of `grid`
+// CTAs streams - grid / partners distinct 256-row slices of K x 2 bytes, partners = the tiles per
+// expert, at most the scheduling group - fit in a quarter of L2. Single CTAs only (clusters: never).
+bool sm90_pad_halves_auto(int64_t tiles, int experts, int k_dim, int64_t grid, int group, int64_t l2_bytes);
+// The launchers' decision: the knob, and auto on the current device (its SM count and L2 size).
+bool sm90_skip_pad_halves(int64_t tiles, int experts, int k_dim, int64_t items, bool cluster);
+
 // The launch attribute that makes a grid 2-CTA clusters along x.
 cudaLaunchAttribute sm90_cluster_pair_attr();
 

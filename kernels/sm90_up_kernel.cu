@@ -27,10 +27,11 @@
 // Gather mode (ExpertProblem::x set): the A tile is not TMA-loaded from xs but gathered by all 128
 // producer threads with cp.async from the token-ordered x (produce_gathered), which removes the
 // gather kernel's write and re-read of the whole xs (rows x hidden x 2 B each way) from the layer.
-// Registers: producer 88, consumers 200 (88*128 + 200*256 <= 168*384, the launch allocation); the
+// Registers: producer 96, consumers 200 (96*128 + 200*256 <= 168*384, the launch allocation); the
 // gather producer holds 16 row pointers and two decoded items (this one and the next): it spilled
-// at 56, and at 72-80 once it carried the by-expert decode. The consumers do not decode items (the
-// producer hands them over per stage, publish_item), so 200 leave them spill-free.
+// at 56, at 72-80 once it carried the by-expert decode, and at 88 with the padding-half flag rows.
+// The consumers do not decode items (the producer hands them over per stage, publish_item), so 200
+// leave them spill-free.
 #include <cstdlib>
 #include <cstring>
 
@@ -44,8 +45,8 @@ namespace epmoe::kernels {
 namespace sm90 {
 
 // Registers per thread after setmaxnreg (see the header comment): the gathering producer spilled at
-// 56-80, the consumers need 200.
-inline constexpr uint32_t kUpProducerRegs = 88, kUpConsumerRegs = 200;
+// 56-88, the consumers need 200.
+inline constexpr uint32_t kUpProducerRegs = 96, kUpConsumerRegs = 200;
 static_assert(setmaxnreg_split_fits(kUpProducerRegs, kUpConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
 
 #if EPMOE_SM90A_DEVICE
@@ -120,7 +121,8 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
                                                  const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                                                  const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
                                                  uint32_t full0, uint32_t empty0, const WorkGrid& grid,
-                                                 bool async_arrive, int2* item_slots, ZeroPlan& zero) {
+                                                 bool async_arrive, int2* item_slots, ZeroPlan& zero,
+                                                 const int32_t* pad_pair_row) {
   const int t = int(threadIdx.x);  // 0..127
   const int chunk = t & 7, rg = t >> 3;
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
@@ -138,15 +140,17 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
       int32_t r = -1;
       if (wi.m0 < grid.total) r = pair_row[wi.m0 + rg + 16 * i];  // >= total: no rows (idle rank, or past the end)
       // (a half item gathers only its own 64 rows; the other warpgroup's read zeros and are not used)
-      const bool mine = wi.half == 0 || (i < 4) == (wi.half == 1);
+      const bool mine = half_has_rows(wi.half, i < 4 ? 0 : 1);
       const bool ok = mine && r >= 0 && int64_t(r) < x_rows;
       src[i] = xc + (ok ? int64_t(r) * hidden : 0);
       valid |= ok ? (1u << i) : 0u;
     }
   };
 
-  // Each item is decoded once, an item ahead, so its rows' pair_row loads are in flight early.
+  // Each item is decoded once, an item ahead, so its rows' pair_row loads are in flight early (and its
+  // padding-half flag row: every thread reads it, so all keep the same WorkItem).
   WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
+  apply_pad_half(wi, pad_row64(pad_pair_row, wi, grid));
   const __nv_bfloat16* src[8];
   uint32_t valid;
   load_rows(wi, src, valid);
@@ -154,7 +158,8 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
   for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
     bool multicast;
     const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
-    const WorkItem next = work_item<kCluster>(w + stride, grid);
+    WorkItem next = work_item<kCluster>(w + stride, grid);
+    const int32_t next_row64 = pad_row64(pad_pair_row, next, grid);
     const __nv_bfloat16* nsrc[8];
     uint32_t nvalid;
     load_rows(next, nsrc, nvalid);
@@ -187,6 +192,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
 #pragma unroll
     for (int i = 0; i < 8; ++i) src[i] = nsrc[i];
     valid = nvalid;
+    apply_pad_half(next, next_row64);
     wi = next;
   }
   zero_step(zero, zero.end - zero.next, t, kProducerThreads);  // (the share's rounding remainder)
@@ -210,7 +216,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                    const int64_t* __restrict__ padded_offsets, __nv_bfloat16* __restrict__ act, int experts,
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                    const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert,
-                   int staged_epi, int tail_split, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks) {
+                   int staged_epi, int tail_split, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
+                   int pad_halves) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -259,7 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kUpProducerRegs>();
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
-                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero);
+                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero,
+                                 pad_halves != 0 ? pair_row : nullptr);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -267,9 +275,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         grid_dependency_wait();  // xs comes from the previous kernel (no-op unless PDL-launched)
       }
       uint32_t it = 0;
-      for (int64_t w = work_first<kCluster>();; w += stride) {
-        const WorkItem wi = work_item<kCluster>(w, grid);
-        if (!wi.valid) break;
+      const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
+      WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
+      apply_pad_half(wi, pad_row64(pad_pair_row, wi, grid));
+      for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
+        WorkItem next = work_item<kCluster>(w + stride, grid);  // an item ahead: its flag row loads early
+        const int32_t next_row64 = pad_row64(pad_pair_row, next, grid);
         bool multicast;
         const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
         zero_step(zero, zero.per_item, int(threadIdx.x), 32);
@@ -285,6 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                           grid.rank);
           }
         }
+        apply_pad_half(next, next_row64);
+        wi = next;
       }
       zero_step(zero, zero.end - zero.next, int(threadIdx.x), 32);
     }
@@ -311,8 +324,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float acc[128];
       const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, cp_fence, c, item_slots, release,
                                        [](const ItemView&) {}, [](int) {});
-      // cluster rank 1 without a tile, or the other warpgroup's half item: nothing to write
-      if (!iv.compute || iv.idle(c)) continue;
+      // cluster rank 1 without a tile, or the other warpgroup's half item: nothing to write (an
+      // all-padding half writes its act rows as zeros: acc stayed zero, and silu(0) * 0 = 0)
+      if (!iv.compute || (iv.idle(c) && iv.half != kHalfPadUpper)) continue;
       const int j = iv.nb;
 
       if (staged_epi) {
@@ -380,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)tail_split,
-      (void)zero_out, (void)zero_chunks;
+      (void)zero_out, (void)zero_chunks, (void)pad_halves;
 #endif
 }
 
@@ -441,13 +455,14 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int nj = p.ffn / 128;
   const bool staged = sm90_up_staged_epilogue();
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nj, cluster, staged ? kUpStagingBytes : 0);
+  const bool pad_halves = sm90_skip_pad_halves(tiles, p.experts, p.hidden, plan.items, cluster);
   CUtensorMap tm_act{};  // the staged epilogue's store map: 64x64 boxes
   if (staged) tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
   sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, plan.items, plan.smem, s,
               "sm90_up_launch", tm_xs, tm_w1, tm_act, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
               plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split() ? 1 : 0, p.zero_out ? p.out : nullptr,
-              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0));
+              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), pad_halves ? 1 : 0);
 }
 
 }  // namespace epmoe::kernels

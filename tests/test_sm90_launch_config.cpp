@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <utility>
 
 #include "epmoe/error.h"
 #include "kernels/expert_problem.cuh"
@@ -20,6 +21,7 @@ using epmoe::kernels::sm90_gather_async_arrive;
 using epmoe::kernels::sm90_group_tiles;
 using epmoe::kernels::sm90_up_uses_cluster;
 using epmoe::kernels::sm90::check_expert_problem;
+using epmoe::kernels::sm90::sm90_pad_halves_auto;
 using epmoe::kernels::sm90::kDownStagingBytes;
 using epmoe::kernels::sm90::kDynSmemBytes;
 using epmoe::kernels::sm90::kMaxDynSmemBytes;
@@ -207,6 +209,49 @@ TEST(Sm90Knobs, TailSplit) {
     Env e("EPMOE_SM90_TAIL_SPLIT", bad);
     EXPECT_EQ(code_of([] { (void)epmoe::kernels::sm90_tail_split(); }), epmoe::ErrorCode::invalid_argument) << bad;
   }
+}
+
+// EPMOE_SM90_PAD_HALVES: auto by default, the three values, bad values rejected; and the auto rule on
+// the benchmark shapes (132 SMs, 50 MB L2, group 16; tiles from the bench's capacity T*k + E*127):
+// it skips where a wave's weight streams fit in a quarter of L2 (E=32 k=4 2048/1024 at T >= 16k,
+// DOWN of E=128 k=8 at T=16k and of 7168/2048 at T=8k) and computes elsewhere.
+TEST(Sm90Knobs, PadHalves) {
+  using epmoe::kernels::sm90_pad_halves_mode;
+  {
+    Env e("EPMOE_SM90_PAD_HALVES", nullptr);
+    EXPECT_EQ(sm90_pad_halves_mode(), 2);
+  }
+  const std::pair<const char*, int> modes[] = {{"compute", 0}, {"skip", 1}, {"auto", 2}};
+  for (const auto& [v, m] : modes) {
+    Env e("EPMOE_SM90_PAD_HALVES", v);
+    EXPECT_EQ(sm90_pad_halves_mode(), m) << v;
+  }
+  for (const char* bad : {"1", "Skip", "off"}) {
+    Env e("EPMOE_SM90_PAD_HALVES", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_pad_halves_mode(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+  const int64_t l2 = 50ll << 20;
+  auto tiles = [](int64_t T, int k, int E) { return (T * k + int64_t(E) * 127 + 127) / 128; };
+  struct Shape {
+    int64_t T;
+    int k, E, hidden, ffn;
+    bool up, down;
+  };
+  const Shape shapes[] = {{1024, 4, 32, 2048, 1024, false, false},  {4096, 4, 32, 2048, 1024, false, false},
+                          {16384, 4, 32, 2048, 1024, true, true},   {65536, 4, 32, 2048, 1024, true, true},
+                          {131072, 4, 32, 2048, 1024, true, true},  {4096, 8, 128, 2048, 768, false, false},
+                          {16384, 8, 128, 2048, 768, false, true},  {2048, 8, 32, 7168, 2048, false, false},
+                          {8192, 8, 32, 7168, 2048, false, true}};
+  for (const Shape& s : shapes) {
+    EXPECT_EQ(sm90_pad_halves_auto(tiles(s.T, s.k, s.E), s.E, s.hidden, 132, 16, l2), s.up) << "UP T=" << s.T;
+    EXPECT_EQ(sm90_pad_halves_auto(tiles(s.T, s.k, s.E), s.E, s.ffn, 132, 16, l2), s.down) << "DOWN T=" << s.T;
+  }
+  // Degenerate inputs never skip; a larger group means more partners per weight stream.
+  EXPECT_FALSE(sm90_pad_halves_auto(0, 32, 2048, 132, 16, l2));
+  EXPECT_FALSE(sm90_pad_halves_auto(544, 0, 2048, 132, 16, l2));
+  EXPECT_FALSE(sm90_pad_halves_auto(544, 32, 2048, 132, 16, 0));
+  EXPECT_FALSE(sm90_pad_halves_auto(544, 32, 2048, 132, 4, l2));
+  EXPECT_TRUE(sm90_pad_halves_auto(544, 32, 2048, 132, 16, l2));
 }
 
 TEST(Sm90Knobs, GridItemBound) {

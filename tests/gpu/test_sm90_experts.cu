@@ -148,6 +148,8 @@ struct Variant {
   const char* order = nullptr;  // EPMOE_SM90_ORDER (unset: the default, global)
   const char* knob = nullptr;   // one more EPMOE_SM90_* variable set to `value` (the non-default paths)
   const char* value = nullptr;
+  const char* knob2 = nullptr;  // and another
+  const char* value2 = nullptr;
 };
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> v = {
@@ -288,6 +290,35 @@ const std::vector<Variant>& variants() {
        nullptr, "EPMOE_SM90_UP_EPILOGUE", "direct"},
       {"TailSplitOffAllHalvedE8K2H2048F768T300", "0", "16",
        with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 75), nullptr, "EPMOE_SM90_TAIL_SPLIT", "off"},
+      // All-padding upper tile halves skipped (EPMOE_SM90_PAD_HALVES=skip; the tile_edges segments of
+      // 1, 63, 64, 65, 129 and 193 rows end in such halves, and UP must still write their act rows as
+      // zeros): gathering UP (small: also under the sanitizers), UP from xs, graph replays with
+      // in-kernel zeroing, the direct epilogues, by expert, clusters (never skip), with every item
+      // also tail-halved, and auto where it skips (T=16k: a wave's weight streams fit in L2).
+      {"PadHalvesSmallTileEdgesE8K1H256F256T835", "0", "16",
+       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 256}, 76), nullptr, "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesSeparateGatherTileEdgesE16K2H2048F768T1670", "0", "16",
+       separate(with({16, 2, 2048, 768, 1670, Route::tile_edges, 0, 256}, 77)), nullptr, "EPMOE_SM90_PAD_HALVES",
+       "skip"},
+      {"PadHalvesGraphCapturedZeroOutTileEdgesE24K1H2048F1024T2505", "0", "16",
+       zero_in_up(with({24, 1, 2048, 1024, 2505, Route::tile_edges, 256, 128}, 78, Mode::graph)), nullptr,
+       "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesDownDirectSmallTileEdgesE8K1H256F256T835", "0", "16",
+       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 256}, 79), nullptr, "EPMOE_SM90_DOWN_EPILOGUE", "direct",
+       "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesUpDirectTileEdgesE8K1H2048F768T835", "0", "16",
+       with({8, 1, 2048, 768, 835, Route::tile_edges, 0, 256}, 80), nullptr, "EPMOE_SM90_UP_EPILOGUE", "direct",
+       "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesByExpertTileEdgesE16K2H2048F768T1670", "0", "16",
+       with({16, 2, 2048, 768, 1670, Route::tile_edges, 0, 256}, 81), "expert", "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesClusterSmallTileEdgesE8K1H256F256T835", "1", "16",
+       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 256}, 82), nullptr, "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesAllTailHalvedTileEdgesE8K1H2048F768T835", "0", "16",
+       with({8, 1, 2048, 768, 835, Route::tile_edges, 132 * 128, 256}, 83), nullptr, "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"PadHalvesAutoZipfE32K4H2048F1024T16384", "0", "16", with({32, 4, 2048, 1024, 16384, Route::zipf, 0, 48}, 84),
+       nullptr, "EPMOE_SM90_PAD_HALVES", "auto"},
+      {"PadHalvesOffTileEdgesE8K1H2048F768T835", "0", "16",
+       with({8, 1, 2048, 768, 835, Route::tile_edges, 0, 256}, 85), nullptr, "EPMOE_SM90_PAD_HALVES", "compute"},
   };
   return v;
 }
@@ -298,6 +329,7 @@ TEST_P(Sm90Variant, MatchesReference) {
   EnvGuard group("EPMOE_SM90_GROUP", GetParam().group);
   EnvGuard order("EPMOE_SM90_ORDER", GetParam().order);
   EnvGuard knob(GetParam().knob, GetParam().value);
+  EnvGuard knob2(GetParam().knob2, GetParam().value2);
   run_case(GetParam().c);
 }
 INSTANTIATE_TEST_SUITE_P(Sm90Experts, Sm90Variant, ::testing::ValuesIn(variants()),
