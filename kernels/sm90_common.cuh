@@ -579,6 +579,29 @@ __device__ __forceinline__ int32_t pad_row64(const int32_t* __restrict__ pad_pai
 __device__ __forceinline__ void apply_pad_half(WorkItem& w, int32_t row64) {
   if (row64 < 0) w.half = kHalfPadUpper;
 }
+// A producer's walk over its items, an item ahead: fetch_next() decodes the next item and issues the
+// load of its flag row while `cur` streams; advance() applies the flag and makes it current.
+template <bool kCluster>
+struct ItemWalk {
+  const WorkGrid& grid;
+  const int32_t* pad_pair_row;  // null: no padding halves
+  int64_t w;                    // index of cur
+  WorkItem cur, next;
+  int32_t next_row64 = 0;
+  __device__ __forceinline__ ItemWalk(const WorkGrid& g, const int32_t* pad)
+      : grid(g), pad_pair_row(pad), w(work_first<kCluster>()), cur(work_item<kCluster>(w, g)), next(cur) {
+    apply_pad_half(cur, pad_row64(pad, cur, g));
+  }
+  __device__ __forceinline__ void fetch_next() {
+    next = work_item<kCluster>(w + work_stride<kCluster>(), grid);
+    next_row64 = pad_row64(pad_pair_row, next, grid);
+  }
+  __device__ __forceinline__ void advance() {
+    apply_pad_half(next, next_row64);
+    cur = next;
+    w += work_stride<kCluster>();
+  }
+};
 
 // ---- item hand-off from the producer to the consumers ------------------------------------------
 // The consumers do not decode work items: the producer, which runs stages ahead, writes each item's

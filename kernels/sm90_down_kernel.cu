@@ -11,7 +11,7 @@
 // that the epilogue skips). Same 384-thread producer / 2-consumer structure and 4-stage ring as the
 // UP kernel. Epilogue (default, "staged"): each consumer warpgroup stores the weighted bf16 of its 64
 // rows in two 128-column halves to shared memory with stmatrix - half 0 at once, half 1 from
-// registers during the next item's main loop - and warps 1..3 of the producer warpgroup reduce the
+// registers in the middle of the next item's main loop (flush_step) - and warps 1..3 of the producer warpgroup reduce the
 // rows into out with 16-byte red.global.add.noftz.v4.bf16x2 (a half warp per 256-byte row) while the
 // tensor cores work on (measured: 1.7-3.4% off the full layer). "direct" (EPMOE_SM90_DOWN_EPILOGUE):
 // a quad transpose gives each consumer thread 8 consecutive columns, reduced from registers.
@@ -64,10 +64,9 @@ __device__ __forceinline__ void load_w2_stage(const CUtensorMap* tm_w2, uint32_t
 // it into out with 16-byte red.global.add - a half warp covers one row's 256 contiguous bytes. Row r's
 // 16-byte chunk j sits at r*256 + (j ^ (r % 8))*16, so both the 8-row stmatrix phases and the row reads
 // are free of bank conflicts. Handshake per warpgroup c: staged[c] (128 consumer arrivals) and
-// drained[c] (kReducerWarps arrivals), one phase per half.
-// k step of the next item at which a consumer stores its held half: two wgmma groups are queued
-// by then, and the reducers had the two previous steps to drain the half before it.
-inline constexpr int kFlushStep = 2;
+// drained[c] (kReducerWarps arrivals), one phase per half. The held half is stored at k step
+// flush_step of the next item (sm90_down_flush_step: the middle by default), so the reducers get
+// about half an item for each half - storing it at step 2 often waited on drained (PERF session 10).
 // The 32 packed words of one half (8 column-group pairs x {rows 0-7, 8-15} x 2 groups), weighted.
 __device__ __forceinline__ void pack_half(uint32_t (&v)[32], const float (&acc)[128], int half, float w0, float w1) {
 #pragma unroll
@@ -98,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
                      int hidden, int ffn, int group_tiles, int by_expert, int staged_epi, int tail_split,
-                     int pad_halves) {
+                     int pad_halves, int flush_step) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -148,11 +147,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       bool first = true;
       // Padding halves as in the UP kernel: each item's flag row is loaded an item ahead.
       const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
-      WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
-      apply_pad_half(wi, pad_row64(pad_pair_row, wi, grid));
-      for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
-        WorkItem next = work_item<kCluster>(w + stride, grid);
-        const int32_t next_row64 = pad_row64(pad_pair_row, next, grid);
+      ItemWalk<kCluster> walk(grid, pad_pair_row);
+      for (; walk.cur.valid; walk.advance()) {
+        const WorkItem& wi = walk.cur;
+        walk.fetch_next();
         const int n0 = wi.nb * kBN;
         bool multicast;
         const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
@@ -187,8 +185,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                     grid.rank);
           }
         }
-        apply_pad_half(next, next_row64);
-        wi = next;
       }
     } else if (staged_epi) {
       // ---------------- reducers (warps 1..3): staged halves -> out ----------------
@@ -269,15 +265,15 @@ __global__ void __launch_bounds__(kThreads, 1)
                          }
                        },
                        [&](int kt) {
-                         if (kt == kFlushStep) flush_held();
+                         if (kt == flush_step) flush_held();
                        });
-      flush_held();  // (a main loop of kFlushStep stages or fewer)
+      flush_held();  // (a main loop of flush_step stages or fewer)
       // Nothing to reduce: a cluster rank without a tile, or the other warpgroup's half item.
       const bool mine = iv.compute && !iv.idle(c);
       if (staged_epi) {
         // Half 0 goes to the staging buffer now (after the reducers have read the previous half);
-        // half 1 stays packed in registers and is stored during the next item's third k step (or
-        // after its main loop, or after the last item), when the reducers have long drained half 0.
+        // half 1 stays packed in registers and is stored at the next item's k step flush_step (or
+        // after its main loop, or after the last item), once the reducers have drained half 0.
         // Also for a cluster's idle item (flagged in the header) so both sides walk the same phases.
         if (epi_round > 0) mbar_wait(drained0 + 8 * c, (epi_round - 1) & 1u);
         if (q == 0) {
@@ -327,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)group_tiles, (void)by_expert, (void)staged_epi, (void)tail_split, (void)pad_halves;
+      (void)group_tiles, (void)by_expert, (void)staged_epi, (void)tail_split, (void)pad_halves, (void)flush_step;
 #endif
 }
 
@@ -348,7 +344,8 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
               p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0,
-              sm90_tail_split() ? 1 : 0, pad_halves ? 1 : 0);
+              sm90_tail_split() ? 1 : 0, pad_halves ? 1 : 0,
+              sm90_down_flush_step(p.ffn / kBK));
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

@@ -66,6 +66,10 @@ bool sm90_gather_async_arrive();
 // reduce it into out; "direct" - the consumers reduce from registers (quad transpose + red).
 // EPMOE_SM90_DOWN_EPILOGUE=staged|direct.
 bool sm90_down_staged_epilogue();
+// DOWN's staged epilogue: the k step of the next item at which a consumer warpgroup stores the
+// held half 1 of its previous item (a step >= num_k: after the main loop). Default num_k / 2 (the
+// reducers get half an item per half); EPMOE_SM90_DOWN_FLUSH_STEP=<step> overrides it.
+int sm90_down_flush_step(int num_k);
 // UP's epilogue: "staged" (the default) - SwiGLU to shared memory with stmatrix and a TMA store of
 // act that runs on under the next item; "direct" - quad transpose and 16-byte stores from registers.
 // EPMOE_SM90_UP_EPILOGUE=staged|direct.

@@ -188,6 +188,8 @@ bool sm90_order_by_expert(int experts) { return sm90::sm90_kernel_order_by_exper
 // bench shapes (docs/PERF.md).
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
+// Default num_k / 2: same-process A/Bs (session 10) of the step against the older fixed 2.
+int sm90_down_flush_step(int num_k) { return env_int("EPMOE_SM90_DOWN_FLUSH_STEP", num_k / 2); }
 bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off", true); }
 // Default auto (sm90_pad_halves_auto): same-process A/Bs in docs/PERF.md, session 9.
 int sm90_pad_halves_mode() {

@@ -128,7 +128,6 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
   const __nv_bfloat16* xc = x + chunk * 8;
   const int num_k = hidden / kBK;
-  const int64_t stride = work_stride<kCluster>();
   if (t == 0) tma_prefetch_desc(&tm_w1);
   grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
 
@@ -149,20 +148,19 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
 
   // Each item is decoded once, an item ahead, so its rows' pair_row loads are in flight early (and its
   // padding-half flag row: every thread reads it, so all keep the same WorkItem).
-  WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
-  apply_pad_half(wi, pad_row64(pad_pair_row, wi, grid));
+  ItemWalk<kCluster> walk(grid, pad_pair_row);
   const __nv_bfloat16* src[8];
   uint32_t valid;
-  load_rows(wi, src, valid);
+  load_rows(walk.cur, src, valid);
   uint32_t it = 0;
-  for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
+  for (; walk.cur.valid; walk.advance()) {
+    const WorkItem& wi = walk.cur;
     bool multicast;
     const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
-    WorkItem next = work_item<kCluster>(w + stride, grid);
-    const int32_t next_row64 = pad_row64(pad_pair_row, next, grid);
+    walk.fetch_next();
     const __nv_bfloat16* nsrc[8];
     uint32_t nvalid;
-    load_rows(next, nsrc, nvalid);
+    load_rows(walk.next, nsrc, nvalid);
     zero_step(zero, zero.per_item, t, kProducerThreads);
     for (int kt = 0; kt < num_k; ++kt, ++it) {
       const uint32_t s = it % kStages;
@@ -192,8 +190,6 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
 #pragma unroll
     for (int i = 0; i < 8; ++i) src[i] = nsrc[i];
     valid = nvalid;
-    apply_pad_half(next, next_row64);
-    wi = next;
   }
   zero_step(zero, zero.end - zero.next, t, kProducerThreads);  // (the share's rounding remainder)
   if (!async_arrive) {
@@ -276,11 +272,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       uint32_t it = 0;
       const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
-      WorkItem wi = work_item<kCluster>(work_first<kCluster>(), grid);
-      apply_pad_half(wi, pad_row64(pad_pair_row, wi, grid));
-      for (int64_t w = work_first<kCluster>(); wi.valid; w += stride) {
-        WorkItem next = work_item<kCluster>(w + stride, grid);  // an item ahead: its flag row loads early
-        const int32_t next_row64 = pad_row64(pad_pair_row, next, grid);
+      ItemWalk<kCluster> walk(grid, pad_pair_row);
+      for (; walk.cur.valid; walk.advance()) {
+        const WorkItem& wi = walk.cur;
+        walk.fetch_next();  // an item ahead: its flag row loads early
         bool multicast;
         const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
         zero_step(zero, zero.per_item, int(threadIdx.x), 32);
@@ -296,8 +291,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                           grid.rank);
           }
         }
-        apply_pad_half(next, next_row64);
-        wi = next;
       }
       zero_step(zero, zero.end - zero.next, int(threadIdx.x), 32);
     }

@@ -160,6 +160,29 @@ void check_epilogue_knob(const char* name, bool (*staged)()) {
   }
 }
 
+TEST(Sm90Knobs, DownFlushStep) {
+  using epmoe::kernels::sm90_down_flush_step;
+  {
+    Env e("EPMOE_SM90_DOWN_FLUSH_STEP", nullptr);
+    EXPECT_EQ(sm90_down_flush_step(16), 8);  // ffn 1024: the middle of the item's 16 k steps
+    EXPECT_EQ(sm90_down_flush_step(32), 16);
+    EXPECT_EQ(sm90_down_flush_step(12), 6);
+    EXPECT_EQ(sm90_down_flush_step(2), 1);
+  }
+  {
+    Env e("EPMOE_SM90_DOWN_FLUSH_STEP", "0");
+    EXPECT_EQ(sm90_down_flush_step(16), 0);
+  }
+  {
+    Env e("EPMOE_SM90_DOWN_FLUSH_STEP", "40");
+    EXPECT_EQ(sm90_down_flush_step(16), 40);  // past the main loop: stored after it
+  }
+  for (const char* bad : {"-1", "half", "2x"}) {
+    Env e("EPMOE_SM90_DOWN_FLUSH_STEP", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_down_flush_step(16); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 TEST(Sm90Knobs, Epilogues) {
   check_epilogue_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue);
   check_epilogue_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue);

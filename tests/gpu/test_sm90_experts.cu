@@ -319,6 +319,20 @@ const std::vector<Variant>& variants() {
        nullptr, "EPMOE_SM90_PAD_HALVES", "auto"},
       {"PadHalvesOffTileEdgesE8K1H2048F768T835", "0", "16",
        with({8, 1, 2048, 768, 835, Route::tile_edges, 0, 256}, 85), nullptr, "EPMOE_SM90_PAD_HALVES", "compute"},
+      // DOWN's held half stored at other k steps than the default middle (EPMOE_SM90_DOWN_FLUSH_STEP):
+      // at the first step (small: also under the sanitizers), the older step 2, after the main loop
+      // (a step past num_k), with clusters, tail halves and padding halves.
+      {"DownFlushStep0SmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 96), nullptr,
+       "EPMOE_SM90_DOWN_FLUSH_STEP", "0"},
+      {"DownFlushStep2ZipfE32K4H2048F1024T4096", "0", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 97),
+       nullptr, "EPMOE_SM90_DOWN_FLUSH_STEP", "2"},
+      {"DownFlushAfterLoopWithDropsE16K4H2048F1024T777", "0", "16",
+       with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 98), nullptr, "EPMOE_SM90_DOWN_FLUSH_STEP", "1000"},
+      {"DownFlushStep0ClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 99), nullptr, "EPMOE_SM90_DOWN_FLUSH_STEP", "0"},
+      {"DownFlushAfterLoopAllTailHalvedTileEdgesE8K1H2048F768T835", "0", "16",
+       with({8, 1, 2048, 768, 835, Route::tile_edges, 132 * 128, 256}, 100), nullptr, "EPMOE_SM90_DOWN_FLUSH_STEP",
+       "1000", "EPMOE_SM90_PAD_HALVES", "skip"},
   };
   return v;
 }
