@@ -11,10 +11,11 @@
 // that the epilogue skips). Same 384-thread producer / 2-consumer structure and 4-stage ring as the
 // UP kernel. Epilogue (default, "staged"): each consumer warpgroup stores the weighted bf16 of its 64
 // rows in two 128-column halves to shared memory with stmatrix - half 0 at once, half 1 from
-// registers in the middle of the next item's main loop (flush_step) - and warps 1..3 of the producer warpgroup reduce the
-// rows into out with 16-byte red.global.add.noftz.v4.bf16x2 (a half warp per 256-byte row) while the
-// tensor cores work on (measured: 1.7-3.4% off the full layer). "direct" (EPMOE_SM90_DOWN_EPILOGUE):
-// a quad transpose gives each consumer thread 8 consecutive columns, reduced from registers.
+// registers in the middle of the next item's main loop (flush_step) - and warps 1..3 of the
+// producer warpgroup reduce the rows into out with 16-byte red.global.add.noftz.v4.bf16x2 (a half
+// warp per 256-byte row) while the tensor cores work on (measured: 1.7-3.4% off the full layer).
+// "direct" (EPMOE_SM90_DOWN_EPILOGUE): a quad transpose gives each consumer thread 8 consecutive
+// columns, reduced from registers.
 //
 // PDL: the prologue (barrier init, work schedule, descriptor prefetch, the W2 loads of the first
 // kStages stages of the CTA's first item) runs before griddepcontrol.wait, so it overlaps the UP
