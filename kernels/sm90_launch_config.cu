@@ -88,6 +88,7 @@ bool sm90_skip_pad_halves(int64_t tiles, int experts, int k_dim, int64_t items, 
   int dev = 0, l2 = 0;
   const int sms = device_sm_count(&dev);
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  // A wave: the CTAs resident at once - min(items, SMs) also without a persistent grid, so not sm90_grid.
   return sm90_pad_halves_auto(tiles, experts, k_dim, std::min<int64_t>(items, sms), sm90_group_tiles(), l2);
 }
 

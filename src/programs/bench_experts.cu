@@ -258,19 +258,15 @@ Result run_shape(const Shape& sh, const Options& opt) {
   // (no overlap), to measure what the side stream saves.
   auto enqueue_full = [&](int set, bool fused, bool serial_zero = false) {
     ExpertProblem p = problem(set, fused);
-    if (!serial_zero && bench_zero_in_up()) {
-      p.zero_out = true;  // no memset: UP zeroes out under its GEMM
+    auto gather_if_separate = [&] {  // sep: the gather_rows kernel writes xs before UP
       if (!fused)
         epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
                                            xsbuf[set].as<__nv_bfloat16>(), s);
-      epmoe::kernels::sm90_experts_launch(p, s);
-      return;
-    }
-    if (serial_zero) {
-      EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
-      if (!fused)
-        epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
-                                           xsbuf[set].as<__nv_bfloat16>(), s);
+    };
+    if (serial_zero || bench_zero_in_up()) {
+      if (serial_zero) EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, s));
+      else p.zero_out = true;  // no memset: UP zeroes out under its GEMM
+      gather_if_separate();
       epmoe::kernels::sm90_experts_launch(p, s);
       return;
     }
@@ -278,9 +274,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
     EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
     EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, size_t(T) * H * 2, side));
     EPMOE_CUDA_CHECK(cudaEventRecord(zeroed, side));
-    if (!fused)
-      epmoe::kernels::gather_rows_launch(xbuf[set].as<__nv_bfloat16>(), T, H, p.pair_row, total, cap,
-                                         xsbuf[set].as<__nv_bfloat16>(), s);
+    gather_if_separate();
     if (opt.zero_before_down) {
       epmoe::kernels::sm90_up_launch(p, s);
       EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, zeroed, 0));
@@ -312,20 +306,22 @@ Result run_shape(const Shape& sh, const Options& opt) {
       if (r >= 3 && ms >= opt.warmup_ms) break;
     }
   };
+  // One replay of g between events, in ms.
+  auto time_replay = [&](cudaGraphExec_t g) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
+    EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
+    EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
+    float ms = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+    return ms;
+  };
   auto time_graphs = [&](std::vector<cudaGraphExec_t>& gs) {
     warm_up([&] {
       for (auto g : gs) EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
     });
     std::vector<float> ts;
-    for (int i = 0; i < opt.iters; ++i) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
-      EPMOE_CUDA_CHECK(cudaGraphLaunch(gs[size_t(i) % gs.size()], s));
-      EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
-      float ms = 0;
-      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-      ts.push_back(ms);
-    }
+    for (int i = 0; i < opt.iters; ++i) ts.push_back(time_replay(gs[size_t(i) % gs.size()]));
     return median(ts);
   };
 
@@ -380,19 +376,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
       }
     });
     std::vector<float> ta, tb;
-    auto time_one = [&](cudaGraphExec_t g, std::vector<float>& out_ms) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
-      EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
-      EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
-      float ms = 0;
-      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-      out_ms.push_back(ms);
-    };
     for (int i = 0; i < 2 * opt.iters; ++i) {
       const size_t set = size_t(i / 2) % size_t(sets);
-      if ((i & 1) == (i / 2 & 1)) time_one(ga[set], ta);  // A B, B A, A B, ...
-      else time_one(gb[set], tb);
+      if ((i & 1) == (i / 2 & 1)) ta.push_back(time_replay(ga[set]));  // A B, B A, A B, ...
+      else tb.push_back(time_replay(gb[set]));
     }
     res.ab_a_ms = median(ta);
     res.ab_b_ms = median(tb);
