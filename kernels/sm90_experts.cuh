@@ -74,6 +74,9 @@ int sm90_down_flush_step(int num_k);
 // act that runs on under the next item; "direct" - quad transpose and 16-byte stores from registers.
 // EPMOE_SM90_UP_EPILOGUE=staged|direct.
 bool sm90_up_staged_epilogue();
+// UP's SwiGLU: "tanh" (the default) - silu(x) = h + h tanh(h), h = x/2, one tanh.approx per element -
+// or "exp" - x * rcp(1 + exp(-x)), ex2 and rcp. EPMOE_SM90_SILU=tanh|exp.
+bool sm90_up_silu_tanh();
 // The last wave's items halved (TailSplit in sm90_schedule.cuh; global order, single CTAs): "half"
 // (the default) or "off". EPMOE_SM90_TAIL_SPLIT=half|off.
 bool sm90_tail_split();

@@ -17,9 +17,11 @@
 // Warp specialization, 384 threads: warpgroup 0 is the producer (one thread issues TMA into a
 // 4-stage ring of {A 128x64, B 256x64} bf16, 128B-swizzled, with a full and an empty mbarrier per
 // stage); warpgroups 1 and 2 each own 64 rows and run wgmma m64n256k16 from smem descriptors, 128
-// fp32 accumulators per thread. Epilogue (default, "staged"): each consumer warpgroup writes its 64 x
-// 128 SwiGLU result with stmatrix into two 128B-swizzled 64x64 boxes after the ring and one thread
-// stores them with a TMA bulk tensor store, which runs on while the warpgroup starts the next item
+// fp32 accumulators per thread. SwiGLU in registers, by default with one tanh.approx per element
+// (silu_tanh; EPMOE_SM90_SILU=exp: ex2 + rcp). Epilogue (default, "staged"): each consumer
+// warpgroup writes its 64 x 128 SwiGLU result with stmatrix into two 128B-swizzled 64x64 boxes
+// after the ring and one thread stores them with a TMA bulk tensor store, which runs on while the
+// warpgroup starts the next item
 // (the boxes are rewritten only after cp.async.bulk.wait_group.read; measured -0.2..-2.3% of the
 // layer). "direct" (EPMOE_SM90_UP_EPILOGUE): a quad transpose gives each thread 16 contiguous bytes
 // of act to store. PDL dependents (the DOWN kernel) are released as soon as the CTA starts.
@@ -213,7 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                    const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert,
                    int staged_epi, int tail_split, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                   int pad_halves) {
+                   int pad_halves, int silu_tanh_form) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -327,23 +329,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         // layout), then one thread stores them with TMA and the warpgroup goes on; the boxes are
         // rewritten only after that store has read them (checked an item later, so no wait in practice).
         const uint32_t stg = smem_u32(staging) + uint32_t(c) * (kUpStagingBytes / 2);
+        uint32_t words[32];
+        swiglu_words(words, acc, silu_tanh_form != 0);
         if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
         named_barrier_sync(1 + c, 128);
         const int mi = lane >> 3, rr = lane & 7;
         const uint32_t row_off = uint32_t(16 * warp + rr + 8 * (mi & 1)) * 128u;
 #pragma unroll
-        for (int gp = 0; gp < 8; ++gp) {  // gate-group pairs (g, g + 1), g = 2gp; up partners g + 16
-          uint32_t v[4];
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            const int g = 2 * gp + t;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const float g0 = acc[4 * g + 2 * h], g1 = acc[4 * g + 2 * h + 1];
-              const float u0 = acc[4 * (g + 16) + 2 * h], u1 = acc[4 * (g + 16) + 2 * h + 1];
-              v[2 * t + h] = pack_bf16x2(silu(g0) * u0, silu(g1) * u1);
-            }
-          }
+        for (int gp = 0; gp < 8; ++gp) {  // gate-group pairs (2gp, 2gp + 1): words 4gp .. 4gp + 3
+          const uint32_t v[4] = {words[4 * gp], words[4 * gp + 1], words[4 * gp + 2], words[4 * gp + 3]};
           const int chunk = 2 * gp + (mi >> 1);  // 8-column group of the 128: box chunk / 8, column chunk % 8
           stmatrix_x4(stg + uint32_t(chunk >> 3) * 8192u + row_off + (uint32_t((chunk & 7) ^ rr) << 4), v);
         }
@@ -361,6 +355,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ---------------- epilogue: SwiGLU, 16-byte stores of act ----------------
       // (the producer is already filling the ring with the next item's first stages)
       const int64_t row0 = iv.m0 + c * 64 + warp * 16 + (lane >> 2);
+      uint32_t words[32];
+      swiglu_words(words, acc, silu_tanh_form != 0);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows row0 and row0 + 8
         __nv_bfloat16* dst = act + (row0 + 8 * h) * int64_t(ffn) + int64_t(j) * 128 + 8 * q;
@@ -368,12 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int gi = 0; gi < 4; ++gi) {  // 8-column groups 4gi .. 4gi+3 of the 16 gate groups
           uint32_t wd[4];
 #pragma unroll
-          for (int t = 0; t < 4; ++t) {
-            const int g = 4 * gi + t;  // gate group g, its up partner is group g + 16
-            const float g0 = acc[4 * g + 2 * h], g1 = acc[4 * g + 2 * h + 1];
-            const float u0 = acc[4 * (g + 16) + 2 * h], u1 = acc[4 * (g + 16) + 2 * h + 1];
-            wd[t] = pack_bf16x2(silu(g0) * u0, silu(g1) * u1);
-          }
+          for (int t = 0; t < 4; ++t) wd[t] = words[2 * (4 * gi + t) + h];
           quad_transpose(wd, q);  // lane q: all 8 columns of group 4gi + q
           st_global_16(dst + 32 * gi, wd);
         }
@@ -387,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)tail_split,
-      (void)zero_out, (void)zero_chunks, (void)pad_halves;
+      (void)zero_out, (void)zero_chunks, (void)pad_halves, (void)silu_tanh_form;
 #endif
 }
 
@@ -455,7 +446,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
               "sm90_up_launch", tm_xs, tm_w1, tm_act, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
               plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split() ? 1 : 0, p.zero_out ? p.out : nullptr,
-              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), pad_halves ? 1 : 0);
+              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), pad_halves ? 1 : 0,
+              sm90_up_silu_tanh() ? 1 : 0);
 }
 
 }  // namespace epmoe::kernels

@@ -183,6 +183,26 @@ TEST(Sm90Knobs, DownFlushStep) {
   }
 }
 
+TEST(Sm90Knobs, Silu) {
+  using epmoe::kernels::sm90_up_silu_tanh;
+  {
+    Env e("EPMOE_SM90_SILU", nullptr);
+    EXPECT_TRUE(sm90_up_silu_tanh());  // default: one tanh.approx per element
+  }
+  {
+    Env e("EPMOE_SM90_SILU", "exp");
+    EXPECT_FALSE(sm90_up_silu_tanh());
+  }
+  {
+    Env e("EPMOE_SM90_SILU", "tanh");
+    EXPECT_TRUE(sm90_up_silu_tanh());
+  }
+  for (const char* bad : {"Tanh", "1", "sigmoid"}) {
+    Env e("EPMOE_SM90_SILU", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_up_silu_tanh(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 TEST(Sm90Knobs, Epilogues) {
   check_epilogue_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue);
   check_epilogue_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue);

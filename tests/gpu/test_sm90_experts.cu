@@ -3,17 +3,33 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "kernels/gather_rows.cuh"
+#include "kernels/sm90_common.cuh"
 #include "sm90_case.h"
 
 namespace {
 
 using namespace sm90_case;
+
+// Both SwiGLU forms of the UP epilogue on n inputs (sm_90a only; elsewhere nothing is written).
+__global__ void silu_forms_kernel(const float* x, float* y_tanh, float* y_exp, int n) {
+#if EPMOE_SM90A_DEVICE
+  const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) {
+    y_tanh[i] = epmoe::kernels::sm90::silu_tanh(x[i]);
+    y_exp[i] = epmoe::kernels::sm90::silu(x[i]);
+  }
+#else
+  (void)x, (void)y_tanh, (void)y_exp, (void)n;
+#endif
+}
 
 // ---- tests --------------------------------------------------------------------------------------
 
@@ -47,6 +63,43 @@ TEST(Sm90Experts, GatherRowsBitExact) {
       bad += got[size_t(r) * H + c] != want;
     }
   EXPECT_EQ(bad, 0);
+}
+
+// The one-MUFU SwiGLU (silu(x) = h + h tanh.approx(h), h = x/2; the default, EPMOE_SM90_SILU=tanh)
+// and the ex2/rcp form against silu in double, x in [-64, 64] every 2^-7 plus large magnitudes.
+// Bound: tanh.approx.f32 is within about 2^-11 of tanh, so silu is within |x| 2^-12; asserted with
+// a factor 2 of margin, |x| 2^-11 + 2^-24 - for x > 0 that is under a quarter of a bf16 ulp of
+// silu(x) >= x/2, the rounding act gets anyway. The exp form (rcp.approx, ex2.approx): 1e-5 relative
+// + 2^-24.
+TEST(Sm90Experts, SiluFormsAccuracy) {
+  REQUIRE_SM90();
+  std::vector<float> xs;
+  for (int i = -64 * 128; i <= 64 * 128; ++i) xs.push_back(float(i) / 128.0f);
+  for (float v : {1e-6f, 1e-3f, 100.0f, 1000.0f, 3.0e4f}) {
+    xs.push_back(v);
+    xs.push_back(-v);
+  }
+  const int n = int(xs.size());
+  DevBuf<float> dx{size_t(n)}, dt{size_t(n)}, de{size_t(n)};
+  dx.upload(xs);
+  silu_forms_kernel<<<(n + 255) / 256, 256>>>(dx.p, dt.p, de.p, n);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> yt = dt.download(), ye = de.download();
+  double worst_t = 0, worst_e = 0;  // |err| over each form's bound
+  for (int i = 0; i < n; ++i) {
+    const double x = xs[size_t(i)], ref = x / (1.0 + std::exp(-x));
+    const double bound = std::fabs(x) * std::ldexp(1.0, -11) + std::ldexp(1.0, -24);
+    const double et = std::fabs(double(yt[size_t(i)]) - ref) / bound;
+    worst_t = std::max(worst_t, et);
+    EXPECT_LE(et, 1.0) << "tanh form, x = " << x << ": " << yt[size_t(i)] << " vs " << ref;
+    // (exp(-x) overflows for x < -88: the form returns -0 where silu is below 2^-24 anyway)
+    const double ee = std::fabs(double(ye[size_t(i)]) - ref) / (std::fabs(ref) * 1e-5 + std::ldexp(1.0, -24));
+    worst_e = std::max(worst_e, ee);
+    EXPECT_LE(ee, 1.0) << "exp form, x = " << x << ": " << ye[size_t(i)] << " vs " << ref;
+  }
+  std::printf("[silu] %d inputs: worst |err| / bound: tanh form %.3f, exp form %.3f\n",
+              n, worst_t, worst_e);
 }
 
 // A small case for compute-sanitizer memcheck/racecheck in gpu_check (the filter is *Small*).
@@ -333,6 +386,12 @@ const std::vector<Variant>& variants() {
       {"DownFlushAfterLoopAllTailHalvedTileEdgesE8K1H2048F768T835", "0", "16",
        with({8, 1, 2048, 768, 835, Route::tile_edges, 132 * 128, 256}, 100), nullptr, "EPMOE_SM90_DOWN_FLUSH_STEP",
        "1000", "EPMOE_SM90_PAD_HALVES", "skip"},
+      // UP's SwiGLU in the older ex2/rcp form (EPMOE_SM90_SILU=exp; every other case runs the default
+      // tanh form): the small case (also under the sanitizers) and the direct epilogue.
+      {"SiluExpSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 101), nullptr,
+       "EPMOE_SM90_SILU", "exp"},
+      {"SiluExpUpDirectZipfE64K8H4096F768T1024", "0", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 102),
+       nullptr, "EPMOE_SM90_SILU", "exp", "EPMOE_SM90_UP_EPILOGUE", "direct"},
   };
   return v;
 }
