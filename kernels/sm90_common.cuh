@@ -287,11 +287,13 @@ __device__ __forceinline__ float fast_rcp(float x) {
 // silu(x) = x * sigmoid(x). The IEEE division it replaces cost ~10 instructions per element in
 // the UP epilogue, where the tensor cores idle (64 per thread per item). Two MUFU ops (ex2, rcp).
 __device__ __forceinline__ float silu(float x) { return x * fast_rcp(1.0f + __expf(-x)); }
-// The same with ONE MUFU op: sigmoid(x) = (1 + tanh(x/2)) / 2, so silu(x) = h + h tanh(h), h = x/2.
-// The MUFU pipe runs at a quarter of the FP32 rate and bounds UP's SwiGLU (64 elements per thread
-// per item with both warpgroups in the epilogue at once); halving its ops made the layer 0.8-2.6%
-// faster (PERF session 11). tanh.approx.f32's absolute error (about 2^-11) bounds silu's by
-// |x| 2^-12, under half a bf16 ulp of silu(x) for x > 0; the suite's errors did not move.
+// The same with ONE MUFU op and three FP32 ops: sigmoid(x) = (1 + tanh(x/2)) / 2, so silu(x) =
+// h + h tanh(h), h = x/2. UP's SwiGLU (64 elements per thread per item, both warpgroups in the
+// epilogue at once) runs with the tensor cores idle; this form made the layer 0.8-2.6% faster than
+// ex2 + rcp (PERF session 11), while ex2 with a Newton reciprocal (one MUFU op but ten FP32/INT
+// ops) was 0.3-2% slower: MUFU ops (a quarter of the FP32 rate) and issue slots both count.
+// Accuracy: absolute, |x| 2^-18 at worst on the H200 (the PTX ISA's 2^-11 for tanh.approx would
+// allow |x| 2^-12; Sm90Experts.SiluFormsAccuracy asserts |x| 2^-14); the suite's errors did not move.
 __device__ __forceinline__ float tanh_approx(float x) {
   float r;
   asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));

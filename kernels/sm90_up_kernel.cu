@@ -262,10 +262,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // ---------------- producer ----------------
     setmaxnreg_dec<kUpProducerRegs>();
+    // Padding halves: each item's flag row (pair_row of its row 64) is read an item ahead (ItemWalk).
+    const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
-                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero,
-                                 pad_halves != 0 ? pair_row : nullptr);
+                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero, pad_pair_row);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -273,7 +274,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         grid_dependency_wait();  // xs comes from the previous kernel (no-op unless PDL-launched)
       }
       uint32_t it = 0;
-      const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
       ItemWalk<kCluster> walk(grid, pad_pair_row);
       for (; walk.cur.valid; walk.advance()) {
         const WorkItem& wi = walk.cur;

@@ -67,10 +67,12 @@ TEST(Sm90Experts, GatherRowsBitExact) {
 
 // The one-MUFU SwiGLU (silu(x) = h + h tanh.approx(h), h = x/2; the default, EPMOE_SM90_SILU=tanh)
 // and the ex2/rcp form against silu in double, x in [-64, 64] every 2^-7 plus large magnitudes.
-// Bound: tanh.approx.f32 is within about 2^-11 of tanh, so silu is within |x| 2^-12; asserted with
-// a factor 2 of margin, |x| 2^-11 + 2^-24 - for x > 0 that is under a quarter of a bf16 ulp of
-// silu(x) >= x/2, the rounding act gets anyway. The exp form (rcp.approx, ex2.approx): 1e-5 relative
-// + 2^-24.
+// Bound for the tanh form: |x| 2^-14 + 2^-24 absolute (an absolute bound: for x << 0 the result is
+// h (1 + tanh(h)), a difference of nearly equal numbers). The PTX ISA promises tanh.approx.f32 to
+// about 2^-11, i.e. |x| 2^-12 here; the H200 measured |x| 2^-18 at worst (0.007 of |x| 2^-11, S11-4),
+// so 2^-14 keeps a factor 16 of margin and still fails a regression to the documented 2^-11. For
+// x > 0 it is under 2^-13 of silu(x) >= x/2, far inside the bf16 rounding act gets anyway. The
+// exp form (rcp.approx, ex2.approx): 1e-5 relative + 2^-24.
 TEST(Sm90Experts, SiluFormsAccuracy) {
   REQUIRE_SM90();
   std::vector<float> xs;
@@ -89,7 +91,7 @@ TEST(Sm90Experts, SiluFormsAccuracy) {
   double worst_t = 0, worst_e = 0;  // |err| over each form's bound
   for (int i = 0; i < n; ++i) {
     const double x = xs[size_t(i)], ref = x / (1.0 + std::exp(-x));
-    const double bound = std::fabs(x) * std::ldexp(1.0, -11) + std::ldexp(1.0, -24);
+    const double bound = std::fabs(x) * std::ldexp(1.0, -14) + std::ldexp(1.0, -24);
     const double et = std::fabs(double(yt[size_t(i)]) - ref) / bound;
     worst_t = std::max(worst_t, et);
     EXPECT_LE(et, 1.0) << "tanh form, x = " << x << ": " << yt[size_t(i)] << " vs " << ref;
