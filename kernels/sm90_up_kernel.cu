@@ -21,10 +21,10 @@
 // (silu_tanh; EPMOE_SM90_SILU=exp: ex2 + rcp). Epilogue (default, "staged"): each consumer
 // warpgroup writes its 64 x 128 SwiGLU result with stmatrix into two 128B-swizzled 64x64 boxes
 // after the ring and one thread stores them with a TMA bulk tensor store, which runs on while the
-// warpgroup starts the next item
-// (the boxes are rewritten only after cp.async.bulk.wait_group.read; measured -0.2..-2.3% of the
-// layer). "direct" (EPMOE_SM90_UP_EPILOGUE): a quad transpose gives each thread 16 contiguous bytes
-// of act to store. PDL dependents (the DOWN kernel) are released as soon as the CTA starts.
+// warpgroup starts the next item (the boxes are rewritten only after cp.async.bulk.wait_group.read;
+// measured -0.2..-2.3% of the layer). "direct" (EPMOE_SM90_UP_EPILOGUE): a quad transpose gives each
+// thread 16 contiguous bytes of act to store. PDL dependents (the DOWN kernel) are released as soon
+// as the CTA starts.
 //
 // Gather mode (ExpertProblem::x set): the A tile is not TMA-loaded from xs but gathered by all 128
 // producer threads with cp.async from the token-ordered x (produce_gathered), which removes the
