@@ -23,6 +23,8 @@
 //                            each expert (sm90_order_by_expert)
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
+//   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
+//   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
 //   EPMOE_SM90_PAD_HALVES=auto|skip|compute  an all-padding upper tile half: no tensor work when
 //                            L2 holds a wave's weight streams (auto), always, or never
