@@ -28,7 +28,7 @@ inline constexpr int kBK = 64;                   // K per stage: 64 bf16 = one 1
 inline constexpr int kBN = 256;                  // wgmma N (UP: 128 gate + 128 up rows of W1; DOWN: output cols)
 inline constexpr int kStages = 4;                // smem ring depth
 inline constexpr int kThreads = 384;             // warpgroup 0 = producer, 1..2 = consumers
-inline constexpr int kConsumerWarps = 8;         // arrivals on an empty barrier per phase (lane 0 of each)
+inline constexpr int kConsumerThreads = 256;     // arrivals on an empty barrier per phase (release_stage)
 inline constexpr uint32_t kATileBytes = kBM * kBK * 2;  // 16 KB
 inline constexpr uint32_t kBTileBytes = kBN * kBK * 2;  // 32 KB
 inline constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
@@ -677,7 +677,7 @@ __device__ __forceinline__ ItemView read_item(const int2* slots, uint32_t s) {
 // Half items (ItemView::half: the last wave's TailSplit, padding halves): the warpgroup without rows
 // leaves the ring alone - it releases the first stage itself (after reading its slot, so the slot's
 // reuse stays ordered by its own arrival), the other warpgroup releases the rest for both (n = 2:
-// each of its warps arrives for itself and its idle partner) - and both meet at named barrier
+// each of its threads arrives for itself and its idle partner) - and both meet at named barrier
 // kHalfItemBarrier after the item, so the idle one's next full-barrier wait is not a round early.
 // acc stays zero; the caller skips the idle warpgroup's epilogue (its rows belong to another CTA's
 // half item) except UP's for a padding half (its act rows are written as zeros).
@@ -728,17 +728,31 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
   return iv;
 }
 
+// A consumer thread's release of ring stage s: n arrivals (2 when it also stands in for the thread of
+// an idle warpgroup, see consume_item) on this CTA's empty barrier and, in a cluster, on the peer's
+// (its multicast writes into this ring). Every consumer thread arrives, not one lane per warp: an
+// arrival releases only the arriving thread's own earlier accesses, and every lane has read the
+// stage's item slot, which the producer rewrites after its empty wait (compute-sanitizer racecheck
+// reports exactly that once a CTA runs several items; a __syncwarp before lane 0's arrival did not
+// satisfy it - PERF.md session 12).
+template <bool kCluster>
+__device__ __forceinline__ void release_stage(uint32_t empty0, uint32_t peer_empty0, uint32_t s, uint32_t n) {
+  mbar_arrive(empty0 + 8 * s, n);
+  if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s, n);
+}
+
 // The ring's barriers, set up by thread 0 before any use: full[s] expects `full_count` arrivals (plus
-// its TMA bytes), empty[s] one arrival per consumer warp - of both CTAs in a cluster, since the
-// peer's multicast writes into this CTA's ring. Then a CTA barrier, or a cluster barrier so that no
-// peer multicasts into or arrives on a barrier before it is initialized. All threads call it.
+// its TMA bytes), empty[s] one arrival per consumer thread (release_stage) - of both CTAs in a
+// cluster, since the peer's multicast writes into this CTA's ring. Then a CTA barrier, or a cluster
+// barrier so that no peer multicasts into or arrives on a barrier before it is initialized. All
+// threads call it.
 template <bool kCluster>
 __device__ __forceinline__ void init_ring_barriers(uint32_t full0, uint32_t empty0, uint32_t full_count) {
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
       mbar_init(full0 + 8 * s, full_count);
-      mbar_init(empty0 + 8 * s, kConsumerWarps * (kCluster ? 2 : 1));
+      mbar_init(empty0 + 8 * s, kConsumerThreads * (kCluster ? 2 : 1));
     }
     mbar_fence_init();
   }

@@ -65,9 +65,10 @@ __device__ __forceinline__ void load_w2_stage(const CUtensorMap* tm_w2, uint32_t
 // it into out with 16-byte red.global.add - a half warp covers one row's 256 contiguous bytes. Row r's
 // 16-byte chunk j sits at r*256 + (j ^ (r % 8))*16, so both the 8-row stmatrix phases and the row reads
 // are free of bank conflicts. Handshake per warpgroup c: staged[c] (128 consumer arrivals) and
-// drained[c] (kReducerWarps arrivals), one phase per half. The held half is stored at k step
-// flush_step of the next item (sm90_down_flush_step: the middle by default), so the reducers get
-// about half an item for each half - storing it at step 2 often waited on drained (PERF session 10).
+// drained[c] (32 * kReducerWarps arrivals: every reducer lane), one phase per half. The held half is
+// stored at k step flush_step of the next item (sm90_down_flush_step: the middle by default), so the
+// reducers get about half an item for each half - storing it at step 2 often waited on drained
+// (PERF session 10).
 // The 32 packed words of one half (8 column-group pairs x {rows 0-7, 8-15} x 2 groups), weighted.
 __device__ __forceinline__ void pack_half(uint32_t (&v)[32], const float (&acc)[128], int half, float w0, float w1) {
 #pragma unroll
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {  // before init_ring_barriers' fence and CTA (cluster) barrier
     for (int c = 0; c < 2; ++c) {
       mbar_init(staged0 + 8 * c, 128);
-      mbar_init(drained0 + 8 * c, kReducerWarps);
+      mbar_init(drained0 + 8 * c, kReducerWarps * 32);
     }
   }
   init_ring_barriers<kCluster>(full0, empty0, 1);  // full: the producer's arrive.expect_tx
@@ -211,8 +212,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
               }
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(drained0 + 8 * c);
+            mbar_arrive(drained0 + 8 * c);  // every lane: its arrival releases its own reads
           }
         }
       }
@@ -226,12 +226,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int q = lane & 3;
     const uint32_t a_off = uint32_t(c) * 64 * 128;
     const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
-    auto release = [&](uint32_t s, uint32_t n) {  // as in the UP kernel
-      if (lane == 0) {
-        mbar_arrive(empty0 + 8 * s, n);
-        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s, n);
-      }
-    };
+    auto release = [&](uint32_t s, uint32_t n) { release_stage<kCluster>(empty0, peer_empty0, s, n); };
 
     uint32_t it = 0;
     uint32_t epi_round = 0;  // staged halves handed to the reducers so far

@@ -307,12 +307,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t peer_empty0 = kCluster ? mapa_shared(empty0, grid.rank ^ 1u) : 0u;
     const bool cp_fence = x != nullptr && gather_async_arrive != 0;
     // Slot release: this CTA's producer, and in a cluster the peer's too (its multicast writes here).
-    auto release = [&](uint32_t s, uint32_t n) {  // n: arrivals (2: also for an idle partner warp)
-      if (lane == 0) {
-        mbar_arrive(empty0 + 8 * s, n);
-        if constexpr (kCluster) mbar_arrive_remote(peer_empty0 + 8 * s, n);
-      }
-    };
+    auto release = [&](uint32_t s, uint32_t n) { release_stage<kCluster>(empty0, peer_empty0, s, n); };
 
     uint32_t it = 0;
     for (int64_t w = work_first<kCluster>(); w < grid.items; w += stride) {
