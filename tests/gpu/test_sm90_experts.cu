@@ -106,9 +106,10 @@ TEST(Sm90Experts, SiluFormsAccuracy) {
 
 // A small case for compute-sanitizer memcheck/racecheck in gpu_check (the filter is *Small*).
 TEST(Sm90Experts, SmallE4K2H256F256T64) { run_case({4, 2, 256, 256, 64, Route::uniform, 0, 64}); }
-// Also a sanitizer case, with several items per CTA (UP 512 and DOWN 256 items on 132 persistent
-// CTAs): the ring's stages and item slots are reused across items, which the one-item cases above
-// never do - racecheck checks the slot rewrites against the consumers' reads of the previous item.
+// Also a sanitizer case, with several items per CTA (67 row tiles: UP ~540 and DOWN ~270 items on
+// 132 persistent CTAs): the ring's stages, item slots and DOWN's staging rows are reused across
+// items, which the one-item cases above never do - racecheck checks each rewrite against the
+// previous item's reads.
 TEST(Sm90Experts, SmallMultiItemE4K2H1024F1024T4096) { run_case({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}); }
 
 // Uniform routing, the main shapes.
