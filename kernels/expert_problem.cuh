@@ -49,6 +49,14 @@ struct ExpertProblem {
   // zeroing overlaps its GEMM instead of running as a memset before it (DOWN reduces only after the
   // UP grid completed). Must be false for the cuBLAS path and for a DOWN launched without its UP.
   bool zero_out = false;
+  // sm_90 granular UP only (EPMOE_SM90_UP_TILES=granular, sm90_up_granular_kernel.cu); without them
+  // the 128-row UP kernel runs:
+  //   expert_counts i64[E_local]  real rows of each segment (device)
+  //   work_counters i32[2]        item claim counters: zero before the first launch, and the kernel
+  //                               leaves them zero (its last CTA resets them), so graph replays need
+  //                               no memset; one pair per stream that runs the kernel
+  const int64_t* expert_counts = nullptr;
+  int32_t* work_counters = nullptr;
 };
 
 }  // namespace epmoe::kernels

@@ -347,6 +347,14 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&w)[4
                "r"(w[2]), "r"(w[3])
                : "memory");
 }
+// The same with .trans: lane l's register i holds row l/4, columns 2(l%4) and +1 of matrix i (the
+// mma fragment); each 8x8 matrix is stored transposed - row j of the stored matrix (its 16 bytes at
+// the address lane 8i + j gives) is column j of the fragment.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&w)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]),
+               "r"(w[1]), "r"(w[2]), "r"(w[3])
+               : "memory");
+}
 __device__ __forceinline__ void ld_shared_16(uint32_t addr, uint32_t (&w)[4]) {
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
                : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])

@@ -24,6 +24,7 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
+//   EPMOE_SM90_UP_TILES=whole|granular  UP on 128-row tiles, or swap-AB on token-granular tiles (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
 //   EPMOE_SM90_PAD_HALVES=auto|skip|compute  an all-padding upper tile half: no tensor work when
@@ -87,7 +88,15 @@ bool sm90_tail_split();
 // EPMOE_SM90_PAD_HALVES=compute|skip|auto.
 int sm90_pad_halves_mode();
 
-// xs (or x gathered through pair_row), w1 -> act.
+// UP on token-granular tiles (sm90_up_granular_kernel.cu): EPMOE_SM90_UP_TILES=granular|whole
+// (default whole: the granular kernel is not verified on a GPU yet). Read at each call.
+bool sm90_up_granular();
+// Launches the granular UP kernel and returns true, or returns false (nothing queued) when it does
+// not apply: no x (UP from xs), no expert_counts / work_counters, clusters, or no folded W1 map.
+bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s);
+
+// xs (or x gathered through pair_row), w1 -> act. With EPMOE_SM90_UP_TILES=granular, the granular
+// kernel where it applies.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.

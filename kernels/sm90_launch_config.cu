@@ -190,6 +190,8 @@ bool sm90_order_by_expert(int experts) { return sm90::sm90_kernel_order_by_exper
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
 // Default tanh: same-process A/B (session 11) exp -> tanh B/A 0.974 / 0.993 / 0.991 / 0.979 / 0.976
 // on the five bench shapes, the suite's errors unchanged (docs/PERF.md).
+// Default whole: the granular kernel is unverified on a GPU (branch wip/sm90-granular-up).
+bool sm90_up_granular() { return env_choice("EPMOE_SM90_UP_TILES", "granular", "whole", false); }
 bool sm90_up_silu_tanh() { return env_choice("EPMOE_SM90_SILU", "tanh", "exp", true); }
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 // Default num_k / 2: same-process A/Bs (session 10) of the step against the older fixed 2.

@@ -127,6 +127,19 @@ EPMOE_SCHED_FN int64_t tail_item(int64_t w, const TailSplit& t, int& half) {
   return t.split_from + j / 2;
 }
 
+// Token-granular tiles (the granular UP kernel, sm90_up_granular_kernel.cu). Tile i of an expert
+// whose segment starts at seg and holds `rows` real rows in `tiles` 128-row tiles: its first row and
+// its token count n (a multiple of 16, 16 <= n <= 128; the tiles cover the real rows plus < 16 rows
+// of the segment's padding, in order, and differ in n by at most 16). Counts inconsistent with the
+// segment (the layout flags those) are clamped so that n stays in range.
+EPMOE_SCHED_FN void granular_tile(int64_t seg, int tiles, int64_t rows, int i, int64_t& row0, int& n) {
+  const int64_t u = (rows + 15) / 16;
+  const int units = int(u < tiles ? tiles : u > 8 * int64_t(tiles) ? 8 * int64_t(tiles) : u);
+  const int q = units / tiles, extra = units % tiles;
+  n = 16 * (q + (i < extra ? 1 : 0));
+  row0 = seg + 16 * (int64_t(i) * q + (i < extra ? i : extra));
+}
+
 // The expert owning item w: the largest e < experts with item_off[e] <= w, for a non-decreasing
 // item_off[0..experts] with item_off[0] = 0 <= w < item_off[experts] (empty experts repeat a value).
 EPMOE_SCHED_FN int expert_of_item(const int32_t* item_off, int experts, int w) {

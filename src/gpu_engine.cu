@@ -180,7 +180,8 @@ class GpuEngine final : public MoeLayer::Engine {
       //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
       //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
       //   expert_off[El+1] + expert_cnt[El] (adjacent: one upload)   error[1] (int32, sticky)
-      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1};
+      //   work_counters[2] (int32: the granular UP kernel's item claims, zero and left zero)
+      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1, 1};
       auto padded = [](size_t words) { return (words + 31) / 32 * 32; };
       size_t words = 0;
       for (size_t n : sizes) words += padded(n);
@@ -201,6 +202,7 @@ class GpuEngine final : public MoeLayer::Engine {
       d_expert_off_ = take(sizes[5]);
       d_expert_cnt_ = d_expert_off_ + El + 1;
       d_error_ = reinterpret_cast<int32_t*>(take(sizes[6]));
+      d_work_counters_ = reinterpret_cast<int32_t*>(take(sizes[7]));
       h_hdr_ = pinned_alloc<int64_t>(2 * size_t(W) * hw);
       h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
       h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
@@ -308,6 +310,7 @@ class GpuEngine final : public MoeLayer::Engine {
   int64_t *d_hdr_send_ = nullptr, *d_hdr_recv_ = nullptr, *d_expert_off_ = nullptr, *d_expert_cnt_ = nullptr;
   bool fused_gather_ = false;   // sm90 path: the UP kernel gathers rows from recv_x_ (no xs_, no gather kernel)
   int32_t* d_error_ = nullptr;  // sticky expert-layout inconsistency flag, folded into the headers
+  int32_t* d_work_counters_ = nullptr;  // ExpertProblem::work_counters (one stream runs the experts)
   int64_t* h_hdr_ = nullptr;     // pinned [2, W, hw]: my send headers, then the received ones
   int64_t* h_hdr_up_ = nullptr;  // pinned [W, hw]: host-built headers (bad arguments)
   int64_t* h_expert_ = nullptr;  // pinned [2*El + 1]: padded offsets, then counts
@@ -536,6 +539,8 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
         prob.xs = xs_.as<__nv_bfloat16>();
       }
       prob.padded_offsets = d_expert_off_;
+      prob.expert_counts = d_expert_cnt_;
+      prob.work_counters = d_work_counters_;
       prob.pair_row = pair_row_.as<int32_t>();
       prob.pair_weight = pair_weight_.as<float>();
       prob.w1 = w1_;

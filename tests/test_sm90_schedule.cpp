@@ -4,6 +4,7 @@
 // inside an expert. Runs without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -194,4 +195,39 @@ TEST(Sm90Schedule, TailSplitHalvesOnlyTheLastWave) {
       }
     }
   }
+}
+
+// Token-granular tiles: for every real-row count of 1..4 tiles' worth, the tiles partition
+// [seg, seg + 16 ceil(rows/16)) in order, each n a multiple of 16 in [16, 128], n differing by at most
+// 16 across the expert's tiles; inconsistent counts (0, or more than the tiles hold) stay in range.
+TEST(Sm90Schedule, GranularTilesPartitionTheRealRows) {
+  using epmoe::kernels::sm90::granular_tile;
+  const int64_t seg = 1024;
+  for (int64_t rows = 1; rows <= 4 * 128; ++rows) {
+    const int tiles = int((rows + 127) / 128);
+    int64_t next = seg;
+    int nmin = 1 << 30, nmax = 0;
+    for (int i = 0; i < tiles; ++i) {
+      int64_t row0 = -1;
+      int n = -1;
+      granular_tile(seg, tiles, rows, i, row0, n);
+      ASSERT_EQ(row0, next) << "rows " << rows << " tile " << i;
+      ASSERT_TRUE(n >= 16 && n <= 128 && n % 16 == 0) << "rows " << rows << " tile " << i << " n " << n;
+      next += n;
+      nmin = std::min(nmin, n);
+      nmax = std::max(nmax, n);
+    }
+    EXPECT_EQ(next - seg, (rows + 15) / 16 * 16) << "rows " << rows;
+    EXPECT_LE(nmax - nmin, 16) << "rows " << rows;
+    EXPECT_LE(next, seg + 128 * int64_t(tiles)) << "rows " << rows;
+  }
+  for (int tiles = 1; tiles <= 4; ++tiles)
+    for (int64_t rows : {int64_t(0), int64_t(128) * tiles + 1, int64_t(1) << 40})
+      for (int i = 0; i < tiles; ++i) {
+        int64_t row0 = -1;
+        int n = -1;
+        granular_tile(0, tiles, rows, i, row0, n);
+        EXPECT_TRUE(n >= 16 && n <= 128 && n % 16 == 0) << "tiles " << tiles << " rows " << rows;
+        EXPECT_TRUE(row0 >= 0 && row0 + n <= 128 * int64_t(tiles)) << "tiles " << tiles << " rows " << rows;
+      }
 }

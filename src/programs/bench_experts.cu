@@ -202,7 +202,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
   const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
   Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
+  Dev cnts(size_t(E) * 8), counters(2 * sizeof(int32_t));  // the granular UP's inputs (EPMOE_SM90_UP_TILES)
   EPMOE_CUDA_CHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(cnts.p, L.expert_counts.data(), size_t(E) * 8, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemset(counters.p, 0, counters.bytes));
   EPMOE_CUDA_CHECK(cudaMemset(prow.p, 0xff, prow.bytes));
   EPMOE_CUDA_CHECK(cudaMemset(pw.p, 0, pw.bytes));
   EPMOE_CUDA_CHECK(cudaMemcpy(prow.p, L.pair_row.data(), L.pair_row.size() * 4, cudaMemcpyHostToDevice));
@@ -231,6 +234,8 @@ Result run_shape(const Shape& sh, const Options& opt) {
       p.xs = xsbuf[set].as<__nv_bfloat16>();
     }
     p.padded_offsets = offs.as<int64_t>();
+    p.expert_counts = cnts.as<int64_t>();
+    p.work_counters = counters.as<int32_t>();
     p.pair_row = prow.as<int32_t>();
     p.pair_weight = pw.as<float>();
     p.w1 = w1.as<__nv_bfloat16>();

@@ -276,6 +276,10 @@ void run_case(const Case& cs) {
   EPMOE_CUDA_CHECK(cudaMemcpy(d_w1.p, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(d_w2.p, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
   d_offs.upload(L.x.padded_offsets);
+  DevBuf<int64_t> d_cnts{size_t(E)};  // the granular UP's inputs (EPMOE_SM90_UP_TILES=granular)
+  DevBuf<int32_t> d_counters{2};
+  d_cnts.upload(L.x.expert_counts);
+  EPMOE_CUDA_CHECK(cudaMemset(d_counters.p, 0, d_counters.bytes()));
   // pair arrays past the total hold garbage on purpose: nothing may read them.
   EPMOE_CUDA_CHECK(cudaMemset(d_prow.p, 0x7f, d_prow.bytes()));
   EPMOE_CUDA_CHECK(cudaMemset(d_pw.p, 0x7f, d_pw.bytes()));
@@ -296,6 +300,8 @@ void run_case(const Case& cs) {
     p.xs = reinterpret_cast<const __nv_bfloat16*>(d_xs.p);
   }
   p.padded_offsets = d_offs.p;
+  p.expert_counts = d_cnts.p;
+  p.work_counters = d_counters.p;
   p.pair_row = d_prow.p;
   p.pair_weight = d_pw.p;
   p.w1 = reinterpret_cast<const __nv_bfloat16*>(d_w1.p);

@@ -399,6 +399,35 @@ const std::vector<Variant>& variants() {
        "EPMOE_SM90_SILU", "exp"},
       {"SiluExpUpDirectZipfE64K8H4096F768T1024", "0", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 102),
        nullptr, "EPMOE_SM90_SILU", "exp", "EPMOE_SM90_UP_EPILOGUE", "direct"},
+      // UP on token-granular tiles (EPMOE_SM90_UP_TILES=granular, swap-AB, items claimed from a
+      // counter): the small cases (sanitizers; one and several items per CTA), segments ending at
+      // and around the 16-row units and 128-row tiles, 1-row and empty experts, skew, hidden 7168,
+      // graph replays (the counters must be back at zero for the second replay), in-kernel zeroing,
+      // one CTA per item, and the exp SwiGLU form.
+      {"GranularSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 103), nullptr,
+       "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularSmallMultiItemE4K2H1024F1024T4096", "0", "16",
+       with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 104), nullptr, "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 105),
+       nullptr, "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularSingleRowsE16K1H4096F1024T12", "0", "16", with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 106),
+       nullptr, "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularZipfE64K8H4096F768T1024", "0", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 107), nullptr,
+       "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularUniformE8K4H7168F2048T512", "0", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 16}, 108),
+       nullptr, "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularGraphCapturedE32K4H2048F1024T4096", "0", "16",
+       with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 109, Mode::graph), nullptr, "EPMOE_SM90_UP_TILES",
+       "granular"},
+      {"GranularZeroOutZipfE32K4H2048F1024T4096", "0", "16",
+       zero_in_up(with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 32}, 110)), nullptr, "EPMOE_SM90_UP_TILES",
+       "granular"},
+      {"GranularOneCtaPerItemWithDropsE16K4H2048F1024T777", "0", "16",
+       with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 32}, 111), nullptr, "EPMOE_SM90_UP_TILES", "granular",
+       "EPMOE_SM90_PERSISTENT", "0"},
+      {"GranularSiluExpOneExpertE8K2H2048F768T1100", "0", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 112), nullptr, "EPMOE_SM90_UP_TILES", "granular",
+       "EPMOE_SM90_SILU", "exp"},
   };
   return v;
 }
