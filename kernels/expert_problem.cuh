@@ -49,12 +49,13 @@ struct ExpertProblem {
   // zeroing overlaps its GEMM instead of running as a memset before it (DOWN reduces only after the
   // UP grid completed). Must be false for the cuBLAS path and for a DOWN launched without its UP.
   bool zero_out = false;
-  // sm_90 granular UP only (EPMOE_SM90_UP_TILES=granular, sm90_up_granular_kernel.cu); without them
-  // the 128-row UP kernel runs:
+  // sm_90 granular kernels only (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES=granular,
+  // sm90_*_granular_kernel.cu); without them the 128-row kernels run:
   //   expert_counts i64[E_local]  real rows of each segment (device)
-  //   work_counters i32[2]        item claim counters: zero before the first launch, and the kernel
-  //                               leaves them zero (its last CTA resets them), so graph replays need
-  //                               no memset; one pair per stream that runs the kernel
+  //   work_counters i32[4]        item claim counters, [0..1] UP's, [2..3] DOWN's (the two kernels
+  //                               overlap under PDL): zero before the first launch, and each kernel
+  //                               leaves its pair zero (its last CTA resets it), so graph replays
+  //                               need no memset; one set per stream that runs the kernels
   const int64_t* expert_counts = nullptr;
   int32_t* work_counters = nullptr;
 };

@@ -24,7 +24,8 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
-//   EPMOE_SM90_UP_TILES=whole|granular  UP on 128-row tiles, or swap-AB on token-granular tiles (below)
+//   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles, or
+//                            swap-AB on token-granular tiles (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
 //   EPMOE_SM90_PAD_HALVES=auto|skip|compute  an all-padding upper tile half: no tensor work when
@@ -98,6 +99,12 @@ bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s);
 // xs (or x gathered through pair_row), w1 -> act. With EPMOE_SM90_UP_TILES=granular, the granular
 // kernel where it applies.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
+// DOWN on token-granular tiles (sm90_down_granular_kernel.cu): EPMOE_SM90_DOWN_TILES=granular|whole
+// (default whole: not verified on a GPU yet). Read at each call.
+bool sm90_down_granular();
+// Launches the granular DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
+// returns false (nothing queued): no expert_counts / work_counters, or clusters.
+bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.
 void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);

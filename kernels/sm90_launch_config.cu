@@ -192,6 +192,7 @@ bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "st
 // on the five bench shapes, the suite's errors unchanged (docs/PERF.md).
 // Default whole: the granular kernel is unverified on a GPU (branch wip/sm90-granular-up).
 bool sm90_up_granular() { return env_choice("EPMOE_SM90_UP_TILES", "granular", "whole", false); }
+bool sm90_down_granular() { return env_choice("EPMOE_SM90_DOWN_TILES", "granular", "whole", false); }
 bool sm90_up_silu_tanh() { return env_choice("EPMOE_SM90_SILU", "tanh", "exp", true); }
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 // Default num_k / 2: same-process A/Bs (session 10) of the step against the older fixed 2.

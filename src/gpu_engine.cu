@@ -180,8 +180,8 @@ class GpuEngine final : public MoeLayer::Engine {
       //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
       //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
       //   expert_off[El+1] + expert_cnt[El] (adjacent: one upload)   error[1] (int32, sticky)
-      //   work_counters[2] (int32: the granular UP kernel's item claims, zero and left zero)
-      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1, 1};
+      //   work_counters[4] (int32: the granular kernels' item claims, zero and left zero)
+      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1, 2};
       auto padded = [](size_t words) { return (words + 31) / 32 * 32; };
       size_t words = 0;
       for (size_t n : sizes) words += padded(n);

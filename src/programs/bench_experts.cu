@@ -202,7 +202,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
   const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
   Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
-  Dev cnts(size_t(E) * 8), counters(2 * sizeof(int32_t));  // the granular UP's inputs (EPMOE_SM90_UP_TILES)
+  Dev cnts(size_t(E) * 8), counters(4 * sizeof(int32_t));  // the granular kernels' inputs (EPMOE_SM90_*_TILES)
   EPMOE_CUDA_CHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(cnts.p, L.expert_counts.data(), size_t(E) * 8, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemset(counters.p, 0, counters.bytes));

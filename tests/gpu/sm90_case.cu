@@ -276,8 +276,8 @@ void run_case(const Case& cs) {
   EPMOE_CUDA_CHECK(cudaMemcpy(d_w1.p, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(d_w2.p, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
   d_offs.upload(L.x.padded_offsets);
-  DevBuf<int64_t> d_cnts{size_t(E)};  // the granular UP's inputs (EPMOE_SM90_UP_TILES=granular)
-  DevBuf<int32_t> d_counters{2};
+  DevBuf<int64_t> d_cnts{size_t(E)};  // the granular kernels' inputs (EPMOE_SM90_*_TILES=granular)
+  DevBuf<int32_t> d_counters{4};
   d_cnts.upload(L.x.expert_counts);
   EPMOE_CUDA_CHECK(cudaMemset(d_counters.p, 0, d_counters.bytes()));
   // pair arrays past the total hold garbage on purpose: nothing may read them.

@@ -428,6 +428,33 @@ const std::vector<Variant>& variants() {
       {"GranularSiluExpOneExpertE8K2H2048F768T1100", "0", "16",
        with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 112), nullptr, "EPMOE_SM90_UP_TILES", "granular",
        "EPMOE_SM90_SILU", "exp"},
+      // DOWN on token-granular tiles (EPMOE_SM90_DOWN_TILES=granular), alone and with the granular
+      // UP: small cases (sanitizers), tile edges (N = 16 .. 128, empty second token halves), a half-
+      // out-of-range last column block (hidden 640), 1-row and empty experts, 7168, graph replays,
+      // in-kernel zeroing, the flush after the main loop.
+      {"GranularDownSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 113), nullptr,
+       "EPMOE_SM90_DOWN_TILES", "granular"},
+      {"GranularBothSmallMultiItemE4K2H1024F1024T4096", "0", "16",
+       with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 114), nullptr, "EPMOE_SM90_DOWN_TILES", "granular",
+       "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularDownTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 115),
+       nullptr, "EPMOE_SM90_DOWN_TILES", "granular"},
+      {"GranularBothHalfTileE4K2H640F768T300", "0", "16", with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 116),
+       nullptr, "EPMOE_SM90_DOWN_TILES", "granular", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothSingleRowsE16K1H4096F1024T12", "0", "16",
+       with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 117), nullptr, "EPMOE_SM90_DOWN_TILES", "granular",
+       "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothUniformE8K4H7168F2048T512", "0", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 16}, 118),
+       nullptr, "EPMOE_SM90_DOWN_TILES", "granular", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothGraphCapturedZipfE32K4H2048F1024T4096", "0", "16",
+       with({32, 4, 2048, 1024, 4096, Route::zipf, 31 * 128, 32}, 119, Mode::graph), nullptr, "EPMOE_SM90_DOWN_TILES",
+       "granular", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothZeroOutWithDropsE16K4H2048F1024T777", "0", "16",
+       zero_in_up(with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 32}, 120)), nullptr, "EPMOE_SM90_DOWN_TILES",
+       "granular", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularDownFlushAfterLoopZipfE64K8H4096F768T1024", "0", "16",
+       with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 121), nullptr, "EPMOE_SM90_DOWN_TILES", "granular",
+       "EPMOE_SM90_DOWN_FLUSH_STEP", "1000"},
   };
   return v;
 }
