@@ -65,7 +65,6 @@ struct GranularDownConsumer {
   // stmatrix.trans of packed words [(mb * 8 + g) * 2 + h] (tokens 8g + .., columns 64 mb + 16 warp + 8h
   // + ..) into the staging rows (token r at r * 256, chunk 8 mb + 2 warp + h, XOR r % 8).
   __device__ __forceinline__ void store(const uint32_t (&w)[32], int rows) const {
-    const int m = lane >> 3, j = lane & 7;
 #pragma unroll
     for (int mb = 0; mb < 2; ++mb)
 #pragma unroll
@@ -73,9 +72,7 @@ struct GranularDownConsumer {
         if (8 * g >= rows) break;  // rows is a multiple of 16: whole pairs of 8-token groups
         const uint32_t v[4] = {w[(mb * 8 + g) * 2], w[(mb * 8 + g) * 2 + 1], w[(mb * 8 + g + 1) * 2],
                                w[(mb * 8 + g + 1) * 2 + 1]};
-        const int tok = 8 * (g + (m >> 1)) + j;
-        const uint32_t chunk = uint32_t(8 * mb + 2 * warp + (m & 1));
-        stmatrix_x4_trans(stg + uint32_t(tok) * 256u + ((chunk ^ uint32_t(j)) << 4), v);
+        stmatrix_x4_trans(stg + stmatrix_trans_offset(g, mb, warp, lane, 256u), v);
       }
   }
   // Packs tokens [64 half, 64 half + 64) of the two column blocks, weighted.
@@ -269,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (r < hd.rows) {
                 const int32_t orow = pair_row[hd.row_base + r];
                 uint32_t v[4];
-                ld_shared_16(stg + uint32_t(r) * 256u + (uint32_t(j ^ (r & 7)) << 4), v);
+                ld_shared_16(stg + staged_chunk_offset(r, j, 256u), v);
                 if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + hd.col0 + 8 * j, v);
               }
             }

@@ -140,6 +140,21 @@ EPMOE_SCHED_FN void granular_tile(int64_t seg, int tiles, int64_t rows, int i, i
   row0 = seg + 16 * (int64_t(i) * q + (i < extra ? i : extra));
 }
 
+// Staging rows of the granular kernels' epilogues (host and device, so the CPU tests check the writer
+// against the reader): row r of `row_bytes` bytes, 16-byte chunk c stored at chunk c ^ (r % 8).
+EPMOE_SCHED_FN uint32_t staged_chunk_offset(int row, int chunk, uint32_t row_bytes) {
+  return uint32_t(row) * row_bytes + (uint32_t(chunk ^ (row & 7)) << 4);
+}
+// The address lane `lane` of warp `warp` gives stmatrix.x4.trans for the matrices (g, 0), (g, 1),
+// (g + 1, 0), (g + 1, 1) of a fragment whose matrix (g, h) holds columns (tokens) 8g.. and rows
+// 16 warp + 8h.. (+ 64 mb: DOWN's second m64 block): stored row j = lane % 8 of matrix lane / 8 is
+// token 8(g + (lane / 8) / 2) + j, and it lands in chunk 8 mb + 2 warp + (lane / 8) % 2 of that
+// token's staging row (UP: 64 columns, 128-byte rows, mb = 0; DOWN: 128 columns, 256-byte rows).
+EPMOE_SCHED_FN uint32_t stmatrix_trans_offset(int g, int mb, int warp, int lane, uint32_t row_bytes) {
+  const int m = lane >> 3, j = lane & 7;
+  return staged_chunk_offset(8 * (g + (m >> 1)) + j, 8 * mb + 2 * warp + (m & 1), row_bytes);
+}
+
 // The expert owning item w: the largest e < experts with item_off[e] <= w, for a non-decreasing
 // item_off[0..experts] with item_off[0] = 0 <= w < item_off[experts] (empty experts repeat a value).
 EPMOE_SCHED_FN int expert_of_item(const int32_t* item_off, int experts, int w) {

@@ -90,13 +90,10 @@ __device__ __forceinline__ void granular_item(uint32_t& it, int num_k, uint32_t 
   named_barrier_sync(1 + c, 128);  // the staging's previous copy-out is done
   // stmatrix.trans: matrices (g, 0), (g, 1), (g + 1, 0), (g + 1, 1); lane l addresses matrix l/8, stored
   // row j = l%8, i.e. token 8g' + j, 16-byte chunk 2 warp + h' of the 64 columns (XOR-swizzled by row).
-  const int m = lane >> 3, j = lane & 7;
 #pragma unroll
   for (int g = 0; g < N / 8; g += 2) {
     const uint32_t v[4] = {words[2 * g], words[2 * g + 1], words[2 * g + 2], words[2 * g + 3]};
-    const int tok = 8 * (g + (m >> 1)) + j;
-    const uint32_t chunk = uint32_t(2 * warp + (m & 1));
-    stmatrix_x4_trans(stg + uint32_t(tok) * 128u + ((chunk ^ uint32_t(j)) << 4), v);
+    stmatrix_x4_trans(stg + stmatrix_trans_offset(g, 0, warp, lane, 128u), v);
   }
   named_barrier_sync(1 + c, 128);
   // Copy-out: thread t of the warpgroup moves 16-byte chunk t%8 of rows t/8, t/8 + 16, ...
@@ -104,7 +101,7 @@ __device__ __forceinline__ void granular_item(uint32_t& it, int num_k, uint32_t 
   __nv_bfloat16* col = act + int64_t(gi.nb) * 128 + 64 * c + 8 * ch;
   for (int r = t >> 3; r < N; r += 16) {
     uint32_t w4[4];
-    ld_shared_16(stg + uint32_t(r) * 128u + (uint32_t(ch ^ (r & 7)) << 4), w4);
+    ld_shared_16(stg + staged_chunk_offset(r, ch, 128u), w4);
     st_global_16(col + (int64_t(gi.row0) + r) * ffn, w4);
   }
   const uint32_t zero4[4] = {0u, 0u, 0u, 0u};

@@ -231,3 +231,48 @@ TEST(Sm90Schedule, GranularTilesPartitionTheRealRows) {
         EXPECT_TRUE(row0 >= 0 && row0 + n <= 128 * int64_t(tiles)) << "tiles " << tiles << " rows " << rows;
       }
 }
+
+// The granular kernels' epilogue layouts: the consumers' stmatrix.x4.trans addresses against the
+// readers' (UP's copy-out, DOWN's reducers), with stmatrix.trans emulated - matrix i's fragment has
+// lane t holding elements (t/4, 2(t%4)) and (t/4, 2(t%4) + 1); with .trans, row j of the stored
+// matrix (16 bytes at the address lane 8i + j gives) is the fragment's column j. Fragment (g, h) of
+// m64 block mb: row r = output/act column 64 mb + 16 warp + 8h + r, column c = token 8g + c. Every
+// (token, column) must land once, where the reader looks for it.
+TEST(Sm90Schedule, GranularEpilogueStagingRoundTrips) {
+  using epmoe::kernels::sm90::staged_chunk_offset;
+  using epmoe::kernels::sm90::stmatrix_trans_offset;
+  struct Layout {
+    uint32_t row_bytes;
+    int blocks, groups;  // m64 blocks, 8-token groups staged at once
+  };
+  for (const Layout lay : {Layout{128u, 1, 16}, Layout{256u, 2, 8}}) {  // UP: 128 tokens x 64 columns; DOWN: 64 x 128
+    const int cols = int(lay.row_bytes / 2), tokens = 8 * lay.groups;
+    std::vector<int> smem(size_t(tokens) * cols, -1), writes(smem.size(), 0);
+    auto value = [&](int col, int tok) { return col * 1000 + tok; };
+    for (int mb = 0; mb < lay.blocks; ++mb)
+      for (int warp = 0; warp < 4; ++warp)
+        for (int g = 0; g < lay.groups; g += 2)
+          for (int lane = 0; lane < 32; ++lane) {
+            const int m = lane / 8, j = lane % 8;             // this lane addresses row j of matrix m
+            const int gm = g + m / 2, hm = m % 2;             // matrix m = fragment (gm, hm)
+            const uint32_t off = stmatrix_trans_offset(g, mb, warp, lane, lay.row_bytes);
+            ASSERT_EQ(off % 16, 0u);
+            for (int e = 0; e < 8; ++e) {  // stored row j = fragment column j: rows e = 0..7
+              const size_t slot = off / 2 + size_t(e);
+              ASSERT_LT(slot, smem.size());
+              smem[slot] = value(64 * mb + 16 * warp + 8 * hm + e, 8 * gm + j);
+              ++writes[slot];
+            }
+          }
+    for (int tok = 0; tok < tokens; ++tok)
+      for (int chunk = 0; chunk < cols / 8; ++chunk) {
+        const uint32_t off = staged_chunk_offset(tok, chunk, lay.row_bytes);
+        for (int e = 0; e < 8; ++e) {
+          const size_t slot = off / 2 + size_t(e);
+          EXPECT_EQ(writes[slot], 1) << "row bytes " << lay.row_bytes << " token " << tok << " chunk " << chunk;
+          EXPECT_EQ(smem[slot], value(8 * chunk + e, tok))
+              << "row bytes " << lay.row_bytes << " token " << tok << " chunk " << chunk << " element " << e;
+        }
+      }
+  }
+}
