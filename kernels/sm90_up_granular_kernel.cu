@@ -127,6 +127,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
   const WorkGrid grid = make_work_grid<false>(ffn / 128, padded_offsets, experts, group_tiles, nullptr, false);
   init_ring_barriers<false>(full0, empty0, 1 + 128);  // thread 0's expect_tx + one cp.async arrival per thread
+  // As in the 128-row UP kernel: let the DOWN grid (PDL) launch once every CTA has started; DOWN reads
+  // act only after griddepcontrol.wait, which waits for this whole grid.
+  grid_launch_dependents();
   const int wg = int(threadIdx.x / 128);
   const int num_k = hidden / kBK;
 
