@@ -1,14 +1,15 @@
-// DOWN projection on token-granular tiles (EPMOE_SM90_DOWN_TILES=granular; UNVERIFIED on a GPU as of
-// session 12 - branch wip/sm90-granular-up). The DOWN half of the swap-AB design measured for UP in
-// docs/PERF.md session 12 (sm90_up_granular_kernel.cu says why).
+// DOWN projection on token-granular tiles (EPMOE_SM90_DOWN_TILES=granular, and the default auto at
+// hidden >= 4096; docs/PERF.md session 13). The DOWN half of the swap-AB design of the granular UP
+// kernel (sm90_up_granular_kernel.cu says why).
 //   out[pair_row[r], n] += bf16(pair_weight[r] * (act[r] . w2[e, n]))   (red.global.add bf16x2)
 //
 // Work item: one granular tile of an expert (granular_tile: rows [row0, row0 + N), N = 16..128) and
 // output columns [256 nb, +256). wgmma M is W2's rows - warpgroup c owns output columns 128c..128c+127
 // as two m64 blocks - and N is the tile's tokens; act rows come through the 128-row TMA box at row0
 // (rows past N are loaded and not used). Items of the global order are claimed from
-// work_counters[2] (lane 0 of the producer warp, an item ahead; the last CTA resets [2] and [3]), as
-// in the granular UP kernel, for the same reason (uneven items and the weight streams' lockstep).
+// work_counters[2] (lane 0 of the producer warp, three K steps before the current item ends; the
+// last CTA resets [2] and [3]), as in the granular UP kernel, for the same reasons (uneven items and
+// the weight streams' lockstep).
 //
 // Epilogue, staged as in sm90_down_kernel.cu but by token halves: each consumer warpgroup writes the
 // weighted bf16 of tokens [0, 64) x its 128 columns with stmatrix.trans into its 16 KB staging buffer
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const int64_t* __restrict__ padded_offsets, const int64_t* __restrict__ expert_counts,
                               const int32_t* __restrict__ pair_row, const float* __restrict__ pair_weight,
                               __nv_bfloat16* __restrict__ out, int experts, int hidden, int ffn,
-                              int32_t* __restrict__ work_counters, int group_tiles, int flush_step) {
+                              int32_t* __restrict__ work_counters, int group_tiles, int flush_step, int claim_kt) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];
   __shared__ __align__(16) GranularDownItem slots[kStages];
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t it = 0;
       bool first = true;
       while (w < grid.items) {
-        const int32_t claimed = lane == 0 ? atomicAdd(&work_counters[2], 1) : 0;  // the next item
+        int32_t claimed = -1;  // the next item (lane 0), claimed at k step claim_kt of this one
         const WorkItem wi = work_item<false>(w, grid);
         const int e = expert_of_tile(padded_offsets, experts, wi.m0);
         const int64_t seg = padded_offsets[e];
@@ -227,7 +228,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbar_arrive_expect_tx(full, kStageBytes);
             tma_load_2d(sA + s * kATileBytes, &tm_act, full, kt * kBK, int(row0));
             tma_load_3d(sB + s * kBTileBytes, &tm_w2, full, kt * kBK, n0, e);
+            if (kt == claim_kt) claimed = atomicAdd(&work_counters[2], 1);
           }
+          if (claimed < 0) claimed = atomicAdd(&work_counters[2], 1);  // (claim_kt among the first item's prefetched stages)
         }
         first = false;
         w = __shfl_sync(0xffffffffu, claimed, 0);
@@ -326,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)padded_offsets, (void)expert_counts, (void)pair_row, (void)pair_weight, (void)out, (void)experts,
-      (void)hidden, (void)ffn, (void)work_counters, (void)group_tiles, (void)flush_step;
+      (void)hidden, (void)ffn, (void)work_counters, (void)group_tiles, (void)flush_step, (void)claim_kt;
 #endif
 }
 
@@ -334,7 +337,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
-  if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_down_uses_cluster()) return false;
+  if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_down_uses_cluster() ||
+      sm90_order_by_expert(p.experts))
+    return false;  // clusters and the by-expert order: the 128-row kernel's options
   check_expert_problem(p, "sm90_down_granular_launch");
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
@@ -343,7 +348,8 @@ bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl)
   const size_t smem = sm90_dyn_smem_bytes(false, p.experts, kGranDownStagingBytes);
   sm90_launch(sm90_down_granular_kernel, /*cluster=*/false, pdl, items, smem, s, "sm90_down_granular_launch", tm_act,
               tm_w2, p.padded_offsets, p.expert_counts, p.pair_row, p.pair_weight, p.out, p.experts, p.hidden, p.ffn,
-              p.work_counters, sm90_group_tiles(), sm90_down_flush_step(p.ffn / kBK));
+              p.work_counters, sm90_group_tiles(), sm90_down_flush_step(p.ffn / kBK),
+              sm90_granular_claim_kt(p.ffn / kBK));
   return true;
 }
 

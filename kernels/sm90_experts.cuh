@@ -24,8 +24,9 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
-//   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles, or
-//                            swap-AB on token-granular tiles (below)
+//   EPMOE_SM90_UP_TILES=auto|whole|granular, EPMOE_SM90_DOWN_TILES=auto|whole|granular  128-row
+//                            tiles, or swap-AB on token-granular tiles (auto: granular at hidden >= 4096)
+//   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
 //   EPMOE_SM90_PAD_HALVES=auto|skip|compute  an all-padding upper tile half: no tensor work when
@@ -89,21 +90,25 @@ bool sm90_tail_split();
 // EPMOE_SM90_PAD_HALVES=compute|skip|auto.
 int sm90_pad_halves_mode();
 
-// UP on token-granular tiles (sm90_up_granular_kernel.cu): EPMOE_SM90_UP_TILES=granular|whole
-// (default whole: the granular kernel is not verified on a GPU yet). Read at each call.
-bool sm90_up_granular();
+// UP / DOWN on token-granular tiles (sm90_{up,down}_granular_kernel.cu) for this hidden size:
+// EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES = whole | granular | auto (the default: granular where
+// hidden >= kGranularAutoHidden; sm90_launch_config.cu has the measurements). Read at each call.
+inline constexpr int kGranularAutoHidden = 4096;
+bool sm90_up_granular(int hidden);
+bool sm90_down_granular(int hidden);
+// The k step of an item at which both granular kernels claim their next item:
+// EPMOE_SM90_GRAN_CLAIM=end (default: num_k - 3 when num_k > 3) | first (0). Read at each call.
+int sm90_granular_claim_kt(int num_k);
 // Launches the granular UP kernel and returns true, or returns false (nothing queued) when it does
-// not apply: no x (UP from xs), no expert_counts / work_counters, clusters, or no folded W1 map.
+// not apply: no x (UP from xs), no expert_counts / work_counters, clusters, the by-expert order, or
+// no folded W1 map.
 bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s);
 
-// xs (or x gathered through pair_row), w1 -> act. With EPMOE_SM90_UP_TILES=granular, the granular
-// kernel where it applies.
+// xs (or x gathered through pair_row), w1 -> act. The granular kernel where sm90_up_granular(hidden)
+// and it applies.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
-// DOWN on token-granular tiles (sm90_down_granular_kernel.cu): EPMOE_SM90_DOWN_TILES=granular|whole
-// (default whole: not verified on a GPU yet). Read at each call.
-bool sm90_down_granular();
 // Launches the granular DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
-// returns false (nothing queued): no expert_counts / work_counters, or clusters.
+// returns false (nothing queued): no expert_counts / work_counters, clusters, or the by-expert order.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.

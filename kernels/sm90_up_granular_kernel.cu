@@ -1,6 +1,5 @@
-// UP projection + SwiGLU on token-granular tiles (EPMOE_SM90_UP_TILES=granular; UNVERIFIED on a GPU
-// as of session 12 - branch wip/sm90-granular-up; the measured prototype is
-// docs/experiments/sm90_swapab_up_proto.cu, docs/PERF.md session 12).
+// UP projection + SwiGLU on token-granular tiles (EPMOE_SM90_UP_TILES=granular, and the default auto
+// at hidden >= 4096; measured in docs/PERF.md sessions 12 (prototype) and 13).
 //   act[r, c] = bf16(silu(x[pair_row[r]] . w1[e, c]) * (x[pair_row[r]] . w1[e, ffn + c]))
 //
 // Why: wgmma's M is 64 rows per warpgroup, so the 128-row UP kernel computes every expert's last tile
@@ -14,9 +13,11 @@
 // granular ones are written as zeros (DOWN computes them and drops them; zeros keep that cheap).
 //
 // Items (tile, column block) are the 128-row kernel's global order (WorkGrid, no tail split, no
-// padding halves), but CLAIMED in that order from work_counters[0] (thread 0, an item ahead) instead
-// of the static b, b + grid, ... walk: items of different N make statically striped CTAs drift apart,
-// and the CTAs reading one weight slice then no longer meet in L2 (prototype: +10% at 7168/T=2k).
+// padding halves), but CLAIMED in that order from work_counters[0] instead of the static b, b + grid,
+// ... walk: items of different N make statically striped CTAs drift apart, and the CTAs reading one
+// weight slice then no longer meet in L2 (prototype: +10% at 7168/T=2k). Thread 0 claims the next
+// item three K steps before the current one ends (sm90_granular_claim_kt), so a CTA starts an item a
+// few stages after claiming it, and items claimed in a row start together.
 // The producer ends with an end marker in the item slot; the CTA that retires last resets the
 // counters. Every consumer thread arrives on the empty barriers (release_stage), which also orders
 // the slot reads against the marker.
@@ -114,7 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const int64_t* __restrict__ expert_counts, int experts, int hidden, int ffn,
                             const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                             __nv_bfloat16* __restrict__ act, int32_t* __restrict__ work_counters, int group_tiles,
-                            int silu_tanh_form, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks) {
+                            int silu_tanh_form, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
+                            int claim_kt) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];
   __shared__ __align__(16) GranularItem slots[kStages];
@@ -146,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_barrier_sync(kGranClaimBarrier, 128);
     int64_t w = claim[0];
     int p = 0;
+    int32_t next_claim = 0;
     uint32_t it = 0;
     while (w < grid.items) {
       const WorkItem wi = work_item<false>(w, grid);
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (kt == 0) slots[s] = item;
           mbar_arrive_expect_tx(full, kBTileBytes);
           tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * e, wi.nb);
-          if (kt == 0) claim[p ^ 1] = atomicAdd(&work_counters[0], 1);  // the next item, claimed now
+          if (kt == claim_kt) next_claim = atomicAdd(&work_counters[0], 1);  // the next item
         }
         const uint32_t dst = a_dst + s * kATileBytes;
 #pragma unroll
@@ -185,6 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             cp_async_16_zfill(dst + uint32_t(r) * 16 * 128, src[r] + kt * kBK, (valid >> r) & 1u ? 16u : 0u);
         cp_async_mbar_arrive_noinc(full);
       }
+      if (t == 0) claim[p ^ 1] = next_claim;
       named_barrier_sync(kGranClaimBarrier, 128);  // thread 0's claim is in claim[p ^ 1]
       w = claim[p ^ 1];
       p ^= 1;
@@ -247,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   (void)padded_offsets, (void)expert_counts, (void)experts, (void)hidden, (void)ffn, (void)x, (void)x_rows,
       (void)pair_row, (void)act, (void)work_counters, (void)group_tiles, (void)silu_tanh_form, (void)zero_out,
-      (void)zero_chunks;
+      (void)zero_chunks, (void)claim_kt;
 #endif
 }
 
@@ -256,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
   if (p.x == nullptr || p.expert_counts == nullptr || p.work_counters == nullptr) return false;
-  if (sm90_up_uses_cluster(true)) return false;
+  if (sm90_up_uses_cluster(true) || sm90_order_by_expert(p.experts)) return false;  // the 128-row kernel's options
   check_expert_problem(p, "sm90_up_granular_launch");
   CUtensorMap tm_w1;
   if (!try_make_w1_folded_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1)) return false;
@@ -266,7 +270,8 @@ bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s) {
   sm90_launch(sm90_up_granular_kernel, /*cluster=*/false, /*pdl=*/false, items, smem, s, "sm90_up_granular_launch",
               tm_w1, p.padded_offsets, p.expert_counts, p.experts, p.hidden, p.ffn, p.x, p.x_rows, p.pair_row, p.act,
               p.work_counters, sm90_group_tiles(), sm90_up_silu_tanh() ? 1 : 0, p.zero_out ? p.out : nullptr,
-              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0));
+              p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
+              sm90_granular_claim_kt(p.hidden / kBK));
   return true;
 }
 

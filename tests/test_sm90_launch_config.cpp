@@ -52,6 +52,70 @@ epmoe::ErrorCode code_of(const std::function<void()>& f) {
   return epmoe::ErrorCode::internal;
 }
 
+// Tile shape per kernel (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES): auto (unset, empty or "auto")
+// picks the granular kernels from hidden 4096 up; whole / granular force; anything else is an error.
+TEST(Sm90Knobs, TileShapeAutoAndValues) {
+  using epmoe::kernels::kGranularAutoHidden;
+  using epmoe::kernels::sm90_down_granular;
+  using epmoe::kernels::sm90_up_granular;
+  for (const char* name : {"EPMOE_SM90_UP_TILES", "EPMOE_SM90_DOWN_TILES"}) {
+    SCOPED_TRACE(name);
+    const auto granular = [&](int hidden) {
+      return std::string(name) == "EPMOE_SM90_UP_TILES" ? sm90_up_granular(hidden) : sm90_down_granular(hidden);
+    };
+    for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
+      Env e(name, v);
+      EXPECT_FALSE(granular(2048));
+      EXPECT_FALSE(granular(kGranularAutoHidden - 64));
+      EXPECT_TRUE(granular(kGranularAutoHidden));
+      EXPECT_TRUE(granular(7168));
+    }
+    {
+      Env e(name, "whole");
+      EXPECT_FALSE(granular(7168));
+    }
+    {
+      Env e(name, "granular");
+      EXPECT_TRUE(granular(256));
+    }
+    for (const char* bad : {"Granular", "1", "whole "}) {
+      Env e(name, bad);
+      EXPECT_EQ(code_of([&] { granular(7168); }), epmoe::ErrorCode::invalid_argument) << bad;
+    }
+  }
+  // The other variable does not leak into this one.
+  Env up("EPMOE_SM90_UP_TILES", "whole");
+  Env down("EPMOE_SM90_DOWN_TILES", nullptr);
+  EXPECT_FALSE(sm90_up_granular(7168));
+  EXPECT_TRUE(sm90_down_granular(7168));
+}
+
+// When the granular kernels claim their next item: end (default) two K steps before the item's last,
+// first at step 0; items of 3 or fewer steps claim at step 0 either way.
+TEST(Sm90Knobs, GranularClaimStep) {
+  using epmoe::kernels::sm90_granular_claim_kt;
+  {
+    Env e("EPMOE_SM90_GRAN_CLAIM", nullptr);
+    EXPECT_EQ(sm90_granular_claim_kt(112), 109);
+    EXPECT_EQ(sm90_granular_claim_kt(32), 29);
+    EXPECT_EQ(sm90_granular_claim_kt(4), 1);
+    EXPECT_EQ(sm90_granular_claim_kt(3), 0);
+    EXPECT_EQ(sm90_granular_claim_kt(1), 0);
+  }
+  {
+    Env e("EPMOE_SM90_GRAN_CLAIM", "end");
+    EXPECT_EQ(sm90_granular_claim_kt(112), 109);
+  }
+  {
+    Env e("EPMOE_SM90_GRAN_CLAIM", "first");
+    EXPECT_EQ(sm90_granular_claim_kt(112), 0);
+  }
+  {
+    Env e("EPMOE_SM90_GRAN_CLAIM", "ahead");
+    EXPECT_EQ(code_of([] { sm90_granular_claim_kt(112); }), epmoe::ErrorCode::invalid_argument);
+  }
+}
+
 TEST(Sm90Knobs, ClusterModeDefaultsAndValues) {
   {
     Env e("EPMOE_SM90_CLUSTER", nullptr);
