@@ -1,5 +1,5 @@
-// DOWN projection on token-granular tiles (EPMOE_SM90_DOWN_TILES=granular, and the default auto at
-// hidden >= 4096; docs/PERF.md session 13). The DOWN half of the swap-AB design of the granular UP
+// DOWN projection on token-granular tiles (EPMOE_SM90_DOWN_TILES=granular, opt-in; docs/PERF.md
+// session 13). The DOWN half of the swap-AB design of the granular UP
 // kernel (sm90_up_granular_kernel.cu says why).
 //   out[pair_row[r], n] += bf16(pair_weight[r] * (act[r] . w2[e, n]))   (red.global.add bf16x2)
 //

@@ -24,8 +24,8 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
-//   EPMOE_SM90_UP_TILES=auto|whole|granular, EPMOE_SM90_DOWN_TILES=auto|whole|granular  128-row
-//                            tiles, or swap-AB on token-granular tiles (auto: granular at hidden >= 4096)
+//   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles (the
+//                            default), or swap-AB on token-granular tiles (below)
 //   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
@@ -90,12 +90,11 @@ bool sm90_tail_split();
 // EPMOE_SM90_PAD_HALVES=compute|skip|auto.
 int sm90_pad_halves_mode();
 
-// UP / DOWN on token-granular tiles (sm90_{up,down}_granular_kernel.cu) for this hidden size:
-// EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES = whole | granular | auto (the default: granular where
-// hidden >= kGranularAutoHidden; sm90_launch_config.cu has the measurements). Read at each call.
-inline constexpr int kGranularAutoHidden = 4096;
-bool sm90_up_granular(int hidden);
-bool sm90_down_granular(int hidden);
+// UP / DOWN on token-granular tiles (sm90_{up,down}_granular_kernel.cu): EPMOE_SM90_UP_TILES /
+// EPMOE_SM90_DOWN_TILES = whole (the default; sm90_launch_config.cu has the measurements) | granular.
+// Read at each call.
+bool sm90_up_granular();
+bool sm90_down_granular();
 // The k step of an item at which both granular kernels claim their next item:
 // EPMOE_SM90_GRAN_CLAIM=end (default: num_k - 3 when num_k > 3) | first (0). Read at each call.
 int sm90_granular_claim_kt(int num_k);
@@ -104,8 +103,8 @@ int sm90_granular_claim_kt(int num_k);
 // no folded W1 map.
 bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s);
 
-// xs (or x gathered through pair_row), w1 -> act. The granular kernel where sm90_up_granular(hidden)
-// and it applies.
+// xs (or x gathered through pair_row), w1 -> act. The granular kernel where sm90_up_granular() and it
+// applies.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // Launches the granular DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
 // returns false (nothing queued): no expert_counts / work_counters, clusters, or the by-expert order.

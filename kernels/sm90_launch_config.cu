@@ -188,24 +188,16 @@ bool sm90_order_by_expert(int experts) { return sm90::sm90_kernel_order_by_exper
 // Default staged: same-process A/B (session 7) B/A 0.989 / 0.994 / 0.977 / 0.998 / 0.989 on the five
 // bench shapes (docs/PERF.md).
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
-// Tile shape per kernel: whole (128-row tiles), granular (swap-AB token-granular tiles), or auto
-// (the default): granular where hidden >= kGranularAutoHidden. Same-process A/Bs (docs/PERF.md,
-// session 13), granular against whole: UP 0.973 / 0.993 at E=32 k=8 7168/2048 T=2k / 8k, 1.016
-// (E=32 k=4 2048/1024 T=16k), 1.003 (E=128 k=8 2048/768 T=16k), 0.989 (T=4k); DOWN (with UP
-// granular) 0.984 / 1.004, then 1.012, 1.024, 1.012 at hidden 2048. A long UP K loop (hidden / 64
-// steps) amortizes the granular kernels' per-item costs (the claim, the decode after it, two
-// m64nNk16 per K step instead of one m64n256k16); at hidden 2048 they outweigh the padding saved.
-namespace {
-bool tiles_granular(const char* name, int hidden) {
-  const char* env = std::getenv(name);
-  const std::string v = env != nullptr ? env : "";
-  EPMOE_CHECK(v.empty() || v == "whole" || v == "granular" || v == "auto", ErrorCode::invalid_argument, name,
-              " must be whole, granular or auto, got '", v, "'");
-  return v == "granular" || ((v.empty() || v == "auto") && hidden >= kGranularAutoHidden);
-}
-}  // namespace
-bool sm90_up_granular(int hidden) { return tiles_granular("EPMOE_SM90_UP_TILES", hidden); }
-bool sm90_down_granular(int hidden) { return tiles_granular("EPMOE_SM90_DOWN_TILES", hidden); }
+// Tile shape per kernel: whole (128-row tiles, the default) or granular (swap-AB token-granular
+// tiles). Default whole from steady-state runs (docs/PERF.md S13-6: separate processes alternated on
+// one H200, 3 each): the layer with both kernels granular 2.7090 vs 2.7209 ms at E=32 k=8 7168/2048
+// T=2k (-0.4%, inside the spread: UP +0.6%, DOWN -2%) and 9.8072 vs 9.6765 ms at T=8k (+1.4%, UP
+// +2.6%); the board's power cap holds both at ~666 W and the granular kernels, which move more L2
+// bytes (UP 16.3 vs 13.0 GB under ncu), run ~1% lower clocks. Same-process interleaved A/Bs had
+// shown -4.2% at T=2k: interleaving gives both variants the mix's clock, which favors the one that
+// draws more power. At hidden 2048 the granular kernels are slower in A/Bs too (+1…+4%).
+bool sm90_up_granular() { return env_choice("EPMOE_SM90_UP_TILES", "granular", "whole", false); }
+bool sm90_down_granular() { return env_choice("EPMOE_SM90_DOWN_TILES", "granular", "whole", false); }
 // Default end: same-process A/B (session 13, both kernels granular) first -> end B/A 0.992 / 0.996 /
 // 0.999 / 1.005 / 0.995 (7168/2k, 7168/8k, 16k, E128/16k, 4k); UP alone at 7168/2k under ncu: DRAM
 // reads 3.91 -> 3.10 GB (the 128-row kernel: 2.92), 1.56 -> 1.47 ms. Claimed at an item's first step,

@@ -1,5 +1,5 @@
-// UP projection + SwiGLU on token-granular tiles (EPMOE_SM90_UP_TILES=granular, and the default auto
-// at hidden >= 4096; measured in docs/PERF.md sessions 12 (prototype) and 13).
+// UP projection + SwiGLU on token-granular tiles (EPMOE_SM90_UP_TILES=granular, opt-in; measured in
+// docs/PERF.md sessions 12 (prototype) and 13).
 //   act[r, c] = bf16(silu(x[pair_row[r]] . w1[e, c]) * (x[pair_row[r]] . w1[e, ffn + c]))
 //
 // Why: wgmma's M is 64 rows per warpgroup, so the 128-row UP kernel computes every expert's last tile

@@ -416,7 +416,7 @@ bool sm90_fused_gather_enabled() {
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
   check_expert_problem(p, "sm90_up_launch");
-  if (sm90_up_granular(p.hidden) && sm90_up_granular_launch(p, s)) return;
+  if (sm90_up_granular() && sm90_up_granular_launch(p, s)) return;
   // Gather mode (p.x set): A rows come from x through cp.async and xs is not read; the xs map is
   // then never used (a zero map is passed).
   const bool gather = p.x != nullptr;

@@ -52,42 +52,32 @@ epmoe::ErrorCode code_of(const std::function<void()>& f) {
   return epmoe::ErrorCode::internal;
 }
 
-// Tile shape per kernel (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES): auto (unset, empty or "auto")
-// picks the granular kernels from hidden 4096 up; whole / granular force; anything else is an error.
-TEST(Sm90Knobs, TileShapeAutoAndValues) {
-  using epmoe::kernels::kGranularAutoHidden;
+// Tile shape per kernel (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES): whole unless set to granular;
+// anything else is an error; the two variables are independent.
+TEST(Sm90Knobs, TileShapeDefaultsAndValues) {
   using epmoe::kernels::sm90_down_granular;
   using epmoe::kernels::sm90_up_granular;
   for (const char* name : {"EPMOE_SM90_UP_TILES", "EPMOE_SM90_DOWN_TILES"}) {
     SCOPED_TRACE(name);
-    const auto granular = [&](int hidden) {
-      return std::string(name) == "EPMOE_SM90_UP_TILES" ? sm90_up_granular(hidden) : sm90_down_granular(hidden);
-    };
-    for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
+    const bool up = std::string(name) == "EPMOE_SM90_UP_TILES";
+    const auto granular = [&] { return up ? sm90_up_granular() : sm90_down_granular(); };
+    for (const char* v : {static_cast<const char*>(nullptr), "", "whole"}) {
       Env e(name, v);
-      EXPECT_FALSE(granular(2048));
-      EXPECT_FALSE(granular(kGranularAutoHidden - 64));
-      EXPECT_TRUE(granular(kGranularAutoHidden));
-      EXPECT_TRUE(granular(7168));
-    }
-    {
-      Env e(name, "whole");
-      EXPECT_FALSE(granular(7168));
+      EXPECT_FALSE(granular());
     }
     {
       Env e(name, "granular");
-      EXPECT_TRUE(granular(256));
+      EXPECT_TRUE(granular());
     }
-    for (const char* bad : {"Granular", "1", "whole "}) {
+    for (const char* bad : {"Granular", "auto", "1", "whole "}) {
       Env e(name, bad);
-      EXPECT_EQ(code_of([&] { granular(7168); }), epmoe::ErrorCode::invalid_argument) << bad;
+      EXPECT_EQ(code_of([&] { granular(); }), epmoe::ErrorCode::invalid_argument) << bad;
     }
   }
-  // The other variable does not leak into this one.
-  Env up("EPMOE_SM90_UP_TILES", "whole");
+  Env up("EPMOE_SM90_UP_TILES", "granular");
   Env down("EPMOE_SM90_DOWN_TILES", nullptr);
-  EXPECT_FALSE(sm90_up_granular(7168));
-  EXPECT_TRUE(sm90_down_granular(7168));
+  EXPECT_TRUE(sm90_up_granular());
+  EXPECT_FALSE(sm90_down_granular());
 }
 
 // When the granular kernels claim their next item: end (default) two K steps before the item's last,

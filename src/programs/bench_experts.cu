@@ -460,11 +460,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
 // The work order the kernels use for a typical expert count (the knob's value; "global" also when
 // the expert count is too large for the by-expert schedule, which no bench shape is).
 const char* order_name() { return epmoe::kernels::sm90_order_by_expert(32) ? "expert" : "global"; }
-// The tile shape the knobs pick for a kernel at this hidden size (EPMOE_SM90_UP_TILES /
-// EPMOE_SM90_DOWN_TILES, default auto); the granular kernels still defer to clusters and the
-// by-expert order.
-const char* tiles_name(bool up, int hidden) {
-  const bool g = up ? epmoe::kernels::sm90_up_granular(hidden) : epmoe::kernels::sm90_down_granular(hidden);
+// The tile shape a kernel's knob asks for (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES, default
+// whole); the granular kernels still defer to clusters and the by-expert order.
+const char* tiles_name(bool up) {
+  const bool g = up ? epmoe::kernels::sm90_up_granular() : epmoe::kernels::sm90_down_granular();
   return g ? "granular" : "whole";
 }
 
@@ -493,7 +492,7 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
                  r.full_serial_zero_ms,
                  r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
-                 r.ab_a_ms, r.ab_b_ms, tiles_name(true, r.s.hidden), tiles_name(false, r.s.hidden),
+                 r.ab_a_ms, r.ab_b_ms, tiles_name(true), tiles_name(false),
                  i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, " ]\n}\n");
@@ -594,13 +593,9 @@ int main(int argc, char** argv) {
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
                 "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group, EPMOE_SM90_ORDER=%s\n",
                 epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(), order_name());
-    {
-      const char* up = std::getenv("EPMOE_SM90_UP_TILES");
-      const char* down = std::getenv("EPMOE_SM90_DOWN_TILES");
-      std::printf("# tiles: EPMOE_SM90_UP_TILES=%s, EPMOE_SM90_DOWN_TILES=%s (auto: swap-AB token-granular tiles at "
-                  "hidden >= %d, 128-row tiles below)\n",
-                  up && *up ? up : "auto", down && *down ? down : "auto", epmoe::kernels::kGranularAutoHidden);
-    }
+    std::printf("# tiles: UP %s, DOWN %s (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES: whole = 128-row tiles, "
+                "granular = swap-AB token-granular tiles)\n",
+                tiles_name(true), tiles_name(false));
     std::printf("# full zeroes out %s; zero ms: the output memset alone; serial ms: the full layer with it on the main "
                 "stream (no overlap)\n",
                 bench_zero_in_up() ? "in the UP kernel (EPMOE_BENCH_ZERO=up)" : "on a side stream (EPMOE_BENCH_ZERO=side)");

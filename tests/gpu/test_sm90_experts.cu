@@ -461,10 +461,6 @@ const std::vector<Variant>& variants() {
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 class Sm90Variant : public ::testing::TestWithParam<Variant> {};
 TEST_P(Sm90Variant, MatchesReference) {
-  // The variants exercise the 128-row kernels' options unless they name a tile knob themselves: at
-  // hidden >= kGranularAutoHidden the default (auto) would run the granular kernels instead.
-  EnvGuard up_tiles("EPMOE_SM90_UP_TILES", "whole");
-  EnvGuard down_tiles("EPMOE_SM90_DOWN_TILES", "whole");
   EnvGuard cluster("EPMOE_SM90_CLUSTER", GetParam().cluster);
   EnvGuard group("EPMOE_SM90_GROUP", GetParam().group);
   EnvGuard order("EPMOE_SM90_ORDER", GetParam().order);
@@ -480,7 +476,7 @@ TEST(Sm90Experts, Large64BitOffsets) {
   REQUIRE_SM90();
   EPMOE_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs 16 GiB of free device memory";
-  for (const char* tiles : {"granular", "whole"}) {  // hidden 7168: the default runs the granular kernels
+  for (const char* tiles : {"whole", "granular"}) {  // the default 128-row kernels, then the granular ones
     SCOPED_TRACE(tiles);
     EnvGuard up("EPMOE_SM90_UP_TILES", tiles);
     EnvGuard down("EPMOE_SM90_DOWN_TILES", tiles);
