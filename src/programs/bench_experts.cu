@@ -13,8 +13,9 @@
 // epmoe::reference_moe (fp64 host oracle).
 //
 //   epmoe_bench_experts [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--warmup-ms MS] [--json PATH]
-//                       [--routing softmax|balanced] [--ab VAR=A,B]   (a knob's two values timed
-//                       interleaved in one process; balanced: every expert T k / E rows)
+//                       [--routing softmax|balanced] [--ab VAR=A,B [--ab-blocks N]]   (a knob's two
+//                       values timed in one process, interleaved or in steady-state blocks (Options
+//                       says why blocks); balanced: every expert T k / E rows)
 //                       [--no-check] [--zero-before-down]
 // --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
 // overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
@@ -27,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -152,9 +154,29 @@ struct Options {
   bool balanced = false;
   // --ab VAR=A,B: the full layer captured once with VAR=A and once with VAR=B (the sm90 launchers read
   // their knobs when the graph is captured), then replayed alternately (ABBA order) in one process,
-  // so clock and thermal drift fall on both alike. The decision tool for a knob's default.
+  // so clock and thermal drift fall on both alike. VAR may name several variables joined by '+'
+  // (VAR1+VAR2=A,B sets each to A, then each to B).
+  // Interleaved replays share one clock: on this power-capped board a variant that draws more power
+  // is then timed at the mix's clock, higher than its own steady state (session 13: -4.2% interleaved,
+  // -0.4% in separate steady-state processes). --ab-blocks N instead runs N rounds (AB, BA, AB, ...)
+  // of blocks: each block replays its variant for --warmup-ms (to its own steady state) before timing
+  // iters / N (at least 5) replays of it.
   std::string ab_var, ab_a, ab_b;
+  int ab_blocks = 0;
 };
+
+// The variables named by --ab's VAR (one, or several joined by '+').
+std::vector<std::string> ab_vars(const std::string& var) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  for (;;) {
+    const size_t plus = var.find('+', from);
+    out.push_back(var.substr(from, plus == std::string::npos ? std::string::npos : plus - from));
+    if (plus == std::string::npos) break;
+    from = plus + 1;
+  }
+  return out;
+}
 
 // Sets an environment variable for a scope and restores what was there.
 struct ScopedEnv {
@@ -366,25 +388,38 @@ Result run_shape(const Shape& sh, const Options& opt) {
   res.down_ms = time_alone([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
   if (!opt.ab_var.empty()) {
     std::vector<cudaGraphExec_t> ga, gb;
-    {
-      ScopedEnv env(opt.ab_var, opt.ab_a);
-      for (int i = 0; i < sets; ++i) ga.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
-    }
-    {
-      ScopedEnv env(opt.ab_var, opt.ab_b);
-      for (int i = 0; i < sets; ++i) gb.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
-    }
-    warm_up([&] {
-      for (int i = 0; i < sets; ++i) {
-        EPMOE_CUDA_CHECK(cudaGraphLaunch(ga[size_t(i)], s));
-        EPMOE_CUDA_CHECK(cudaGraphLaunch(gb[size_t(i)], s));
-      }
-    });
+    const auto capture_with = [&](const std::string& value, std::vector<cudaGraphExec_t>& gs) {
+      std::vector<std::unique_ptr<ScopedEnv>> env;
+      for (const std::string& v : ab_vars(opt.ab_var)) env.push_back(std::make_unique<ScopedEnv>(v, value));
+      for (int i = 0; i < sets; ++i) gs.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
+    };
+    capture_with(opt.ab_a, ga);
+    capture_with(opt.ab_b, gb);
     std::vector<float> ta, tb;
-    for (int i = 0; i < 2 * opt.iters; ++i) {
-      const size_t set = size_t(i / 2) % size_t(sets);
-      if ((i & 1) == (i / 2 & 1)) ta.push_back(time_replay(ga[set]));  // A B, B A, A B, ...
-      else tb.push_back(time_replay(gb[set]));
+    if (opt.ab_blocks > 0) {
+      const int per_block = std::max(5, opt.iters / opt.ab_blocks);
+      for (int r = 0; r < opt.ab_blocks; ++r) {
+        for (int half = 0; half < 2; ++half) {
+          const bool a = (half == 0) == (r % 2 == 0);  // AB, BA, AB, ...
+          std::vector<cudaGraphExec_t>& gs = a ? ga : gb;
+          warm_up([&] {
+            for (auto g : gs) EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
+          });
+          for (int i = 0; i < per_block; ++i) (a ? ta : tb).push_back(time_replay(gs[size_t(i) % gs.size()]));
+        }
+      }
+    } else {
+      warm_up([&] {
+        for (int i = 0; i < sets; ++i) {
+          EPMOE_CUDA_CHECK(cudaGraphLaunch(ga[size_t(i)], s));
+          EPMOE_CUDA_CHECK(cudaGraphLaunch(gb[size_t(i)], s));
+        }
+      });
+      for (int i = 0; i < 2 * opt.iters; ++i) {
+        const size_t set = size_t(i / 2) % size_t(sets);
+        if ((i & 1) == (i / 2 & 1)) ta.push_back(time_replay(ga[set]));  // A B, B A, A B, ...
+        else tb.push_back(time_replay(gb[set]));
+      }
     }
     res.ab_a_ms = median(ta);
     res.ab_b_ms = median(tb);
@@ -543,9 +578,14 @@ int parse_args(int argc, char** argv, Options& opt) {
       opt.ab_var = v.substr(0, eq);
       opt.ab_a = v.substr(eq + 1, comma - eq - 1);
       opt.ab_b = v.substr(comma + 1);
+      for (const std::string& name : ab_vars(opt.ab_var))
+        if (name.empty()) throw std::runtime_error("--ab VAR1+VAR2=A,B: an empty variable name in '" + opt.ab_var + "'");
+    } else if (a == "--ab-blocks") {
+      opt.ab_blocks = std::atoi(next().c_str());
+      if (opt.ab_blocks < 1) throw std::runtime_error("--ab-blocks N (N >= 1 rounds of an A block and a B block)");
     } else if (a == "-h" || a == "--help") {
       std::printf("usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--warmup-ms MS] [--json PATH] [--no-check] "
-                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR=A,B]\n",
+                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR[+VAR2...]=A,B [--ab-blocks N]]\n",
                   argv[0]);
       return 0;
     } else {
@@ -613,9 +653,10 @@ int main(int argc, char** argv) {
                   tflops(sh, r.full_ms), r.full_sep_ms, tflops(sh, r.full_sep_ms), r.gather_ms, r.up_ms, r.up_fused_ms,
                   r.down_ms, r.zero_ms, r.full_serial_zero_ms, r.max_rel_err, r.rel_l2);
       if (!opt.ab_var.empty())
-        std::printf("#   A/B %s: %s %.4f ms, %s %.4f ms, B/A %.4f (full layer, interleaved replays)\n",
-                    opt.ab_var.c_str(), opt.ab_a.c_str(), r.ab_a_ms, opt.ab_b.c_str(), r.ab_b_ms,
-                    r.ab_a_ms > 0 ? r.ab_b_ms / r.ab_a_ms : 0.0);
+        std::printf("#   A/B %s: %s %.4f ms, %s %.4f ms, B/A %.4f (full layer, %s)\n", opt.ab_var.c_str(),
+                    opt.ab_a.c_str(), r.ab_a_ms, opt.ab_b.c_str(), r.ab_b_ms, r.ab_a_ms > 0 ? r.ab_b_ms / r.ab_a_ms : 0.0,
+                    opt.ab_blocks > 0 ? (std::to_string(opt.ab_blocks) + " rounds of steady-state blocks").c_str()
+                                      : "interleaved replays");
       std::fflush(stdout);
       // Same bound as the test suite: 2k * 2^-8 of the row maximum, 1e-2 relative L2.
       if (opt.check && !(r.max_rel_err <= 2.0 * sh.k / 256.0 && r.rel_l2 < 1e-2)) ok = false;
