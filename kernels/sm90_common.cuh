@@ -308,24 +308,21 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low 16 bits, lower address) = lo
   return *reinterpret_cast<uint32_t*>(&v);
 }
-// UP's SwiGLU of one consumer thread's item: word 2g + h = bf16x2(silu(gate) * up) of gate column
-// group g (its up partner is group g + 16 in the folded accumulator) and fragment row h (lane/4,
-// +8). The branch on the form is taken once per item, outside the 64 elements.
-template <typename Silu>
-__device__ __forceinline__ void swiglu_words_with(uint32_t (&w)[32], const float (&acc)[128], Silu silu_fn) {
+// UP's SwiGLU of one consumer thread's item: word j = bf16x2(silu(gate[2j]) * up[2j], silu(gate[2j+1])
+// * up[2j+1]), the gate value and its up partner at the same fragment position. The 128-row kernel
+// passes its folded accumulator (gate columns in acc[0, 64), their up partners in acc[64, 128)),
+// the granular kernel its two accumulators. The branch on the form is taken once per item, outside
+// the elements.
+template <int W, typename Silu>
+__device__ __forceinline__ void swiglu_words_with(uint32_t (&w)[W], const float* gate, const float* up, Silu silu_fn) {
 #pragma unroll
-  for (int g = 0; g < 16; ++g) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float g0 = acc[4 * g + 2 * h], g1 = acc[4 * g + 2 * h + 1];
-      const float u0 = acc[4 * (g + 16) + 2 * h], u1 = acc[4 * (g + 16) + 2 * h + 1];
-      w[2 * g + h] = pack_bf16x2(silu_fn(g0) * u0, silu_fn(g1) * u1);
-    }
-  }
+  for (int j = 0; j < W; ++j)
+    w[j] = pack_bf16x2(silu_fn(gate[2 * j]) * up[2 * j], silu_fn(gate[2 * j + 1]) * up[2 * j + 1]);
 }
-__device__ __forceinline__ void swiglu_words(uint32_t (&w)[32], const float (&acc)[128], bool tanh_form) {
-  if (tanh_form) swiglu_words_with(w, acc, [](float x) { return silu_tanh(x); });
-  else swiglu_words_with(w, acc, [](float x) { return silu(x); });
+template <int W>
+__device__ __forceinline__ void swiglu_words(uint32_t (&w)[W], const float* gate, const float* up, bool tanh_form) {
+  if (tanh_form) swiglu_words_with(w, gate, up, [](float x) { return silu_tanh(x); });
+  else swiglu_words_with(w, gate, up, [](float x) { return silu(x); });
 }
 // 16-byte store (address 16-byte aligned).
 __device__ __forceinline__ void st_global_16(void* dst, const uint32_t (&w)[4]) {

@@ -77,17 +77,9 @@ __device__ __forceinline__ void granular_item(uint32_t& it, int num_k, uint32_t 
   for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(ag[i]), "+f"(au[i])::"memory");
   release_stage<false>(empty0, 0u, (it - 1) % kStages, 1u);
 
-  // SwiGLU: word (g, h) = the act of columns 16 warp + lane/4 + 8h, tokens 8g + 2(lane%4) + {0, 1}.
+  // SwiGLU: word 2g + h = the act of columns 16 warp + lane/4 + 8h, tokens 8g + 2(lane%4) + {0, 1}.
   uint32_t words[N / 4];
-#pragma unroll
-  for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int i = 4 * g + 2 * h;
-      const float a0 = silu_tanh_form ? silu_tanh(ag[i]) * au[i] : silu(ag[i]) * au[i];
-      const float a1 = silu_tanh_form ? silu_tanh(ag[i + 1]) * au[i + 1] : silu(ag[i + 1]) * au[i + 1];
-      words[2 * g + h] = pack_bf16x2(a0, a1);
-    }
+  swiglu_words(words, ag, au, silu_tanh_form);
   named_barrier_sync(1 + c, 128);  // the staging's previous copy-out is done
   // stmatrix.trans: matrices (g, 0), (g, 1), (g + 1, 0), (g + 1, 1); lane l addresses matrix l/8, stored
   // row j = l%8, i.e. token 8g' + j, 16-byte chunk 2 warp + h' of the 64 columns (XOR-swizzled by row).

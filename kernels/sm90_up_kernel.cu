@@ -325,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         // rewritten only after that store has read them (checked an item later, so no wait in practice).
         const uint32_t stg = smem_u32(staging) + uint32_t(c) * (kUpStagingBytes / 2);
         uint32_t words[32];
-        swiglu_words(words, acc, silu_tanh_form != 0);
+        swiglu_words(words, acc, acc + 64, silu_tanh_form != 0);
         if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
         named_barrier_sync(1 + c, 128);
         const int mi = lane >> 3, rr = lane & 7;
@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // (the producer is already filling the ring with the next item's first stages)
       const int64_t row0 = iv.m0 + c * 64 + warp * 16 + (lane >> 2);
       uint32_t words[32];
-      swiglu_words(words, acc, silu_tanh_form != 0);
+      swiglu_words(words, acc, acc + 64, silu_tanh_form != 0);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows row0 and row0 + 8
         __nv_bfloat16* dst = act + (row0 + 8 * h) * int64_t(ffn) + int64_t(j) * 128 + 8 * q;

@@ -4,7 +4,8 @@
 //     --expt-relaxed-constexpr -Xcompiler -fopenmp docs/experiments/sm90_swapab_up_proto.cu \
 //     -o proto_up build-local/libepmoe.a -L/usr/local/cuda/lib -lcuda -lcudart -lgomp
 //   ./proto_up E,k,hidden,ffn,T [reps]      (reps 0: correctness only, e.g. under compute-sanitizer)
-// (written against 5a22385 + dba2630: kConsumerThreads; the production UP it calibrates against is
+// (written against 5a22385 + dba2630: kConsumerThreads; since session 13 it takes WgmmaN from
+// kernels/sm90_wgmma_n.cuh, PTX unchanged; the production UP it calibrates against is
 // sm90_up_launch of that tree)
 //
 // act[r, c] = bf16(silu(x[pair_row[r]] . w1[e, c]) * (x[pair_row[r]] . w1[e, ffn + c]))
@@ -29,11 +30,11 @@
 #include <string>
 #include <vector>
 
-#include "docs/experiments/sm90_swapab_wgmma_n.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
+#include "kernels/sm90_wgmma_n.cuh"
 
 using namespace epmoe::kernels;
 using namespace epmoe::kernels::sm90;
@@ -75,8 +76,8 @@ __device__ __forceinline__ void run_item(uint32_t& it, int num_k, uint32_t full0
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      Wgmma<N>::run(ag, dg + 2 * kk, dt + 2 * kk);
-      Wgmma<N>::run(au, du + 2 * kk, dt + 2 * kk);
+      WgmmaN<N>::run(ag, dg + 2 * kk, dt + 2 * kk);
+      WgmmaN<N>::run(au, du + 2 * kk, dt + 2 * kk);
     }
     wgmma_commit();
     if (kt > 0) {
@@ -85,8 +86,8 @@ __device__ __forceinline__ void run_item(uint32_t& it, int num_k, uint32_t full0
     }
   }
   wgmma_wait<0>();
-  Wgmma<N>::fence(ag);
-  Wgmma<N>::fence(au);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(ag[i]), "+f"(au[i])::"memory");
   mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
   // d[4g + 2h + b] = D[16 warp + lane/4 + 8h][8g + 2(lane%4) + b]: M = act column, N = token
   const int col = nb * 128 + 64 * c + 16 * warp + (lane >> 2);
