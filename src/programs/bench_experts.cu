@@ -13,7 +13,7 @@
 // epmoe::reference_moe (fp64 host oracle).
 //
 //   epmoe_bench_experts [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--warmup-ms MS] [--json PATH]
-//                       [--routing softmax|balanced] [--ab VAR=A,B [--ab-blocks N]]   (a knob's two
+//                       [--routing softmax|balanced] [--ab VAR=A,B [--ab-blocks N] [--ab-only]]   (a knob's two
 //                       values timed in one process, interleaved or in steady-state blocks (Options
 //                       says why blocks); balanced: every expert T k / E rows)
 //                       [--no-check] [--zero-before-down]
@@ -89,7 +89,8 @@ struct Result {
   double zero_ms = 0, full_serial_zero_ms = 0;  // the zeroing alone; the full layer with it serialized
   double max_rel_err = -1, rel_l2 = -1;
   int checked_tokens = 0;
-  double ab_a_ms = 0, ab_b_ms = 0;  // --ab: the full layer under each value, interleaved replays
+  double ab_a_ms = 0, ab_b_ms = 0;  // --ab: the full layer under each value (median of all its replays)
+  std::vector<double> ab_block_ms;   // --ab-blocks: each block's median, in run order (A B B A A B ...)
 };
 
 double median(std::vector<float> v) {
@@ -163,6 +164,9 @@ struct Options {
   // iters / N (at least 5) replays of it.
   std::string ab_var, ab_a, ab_b;
   int ab_blocks = 0;
+  // --ab-only: skip the table's own timings (full, sep, seed, serial, each kernel alone: nine warm-ups)
+  // and time only the A/B; the table then prints zeros in those columns.
+  bool ab_only = false;
 };
 
 // The variables named by --ab's VAR (one, or several joined by '+').
@@ -365,10 +369,13 @@ Result run_shape(const Shape& sh, const Options& opt) {
     seed_g.push_back(capture([&] { epmoe::kernels::sm90_experts_launch(problem(i), s); }));
     serial_g.push_back(capture([&] { enqueue_full(i, /*fused=*/true, /*serial_zero=*/true); }));
   }
-  res.full_ms = time_graphs(full_g);
-  res.full_sep_ms = time_graphs(sep_g);
-  res.seed_ms = time_graphs(seed_g);
-  res.full_serial_zero_ms = time_graphs(serial_g);
+  const bool table = !(opt.ab_only && !opt.ab_var.empty());
+  if (table) {
+    res.full_ms = time_graphs(full_g);
+    res.full_sep_ms = time_graphs(sep_g);
+    res.seed_ms = time_graphs(seed_g);
+    res.full_serial_zero_ms = time_graphs(serial_g);
+  }
   // Each kernel alone, also as graph replays (a plain launch timed with events would include the
   // host's launch work - tensor-map encoding - while the GPU idles).
   auto time_alone = [&](auto&& launch) {
@@ -378,14 +385,16 @@ Result run_shape(const Shape& sh, const Options& opt) {
     for (auto g : gs) cudaGraphExecDestroy(g);
     return ms;
   };
-  res.zero_ms = time_alone([&](int i) { EPMOE_CUDA_CHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
-  res.gather_ms = time_alone([&](int i) {
-    epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
-                                       xsbuf[i].as<__nv_bfloat16>(), s);
-  });
-  res.up_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
-  res.up_fused_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i, true), s); });
-  res.down_ms = time_alone([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
+  if (table) {
+    res.zero_ms = time_alone([&](int i) { EPMOE_CUDA_CHECK(cudaMemsetAsync(problem(i).out, 0, size_t(T) * H * 2, s)); });
+    res.gather_ms = time_alone([&](int i) {
+      epmoe::kernels::gather_rows_launch(xbuf[i].as<__nv_bfloat16>(), T, H, prow.as<int32_t>(), total, cap,
+                                         xsbuf[i].as<__nv_bfloat16>(), s);
+    });
+    res.up_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i), s); });
+    res.up_fused_ms = time_alone([&](int i) { epmoe::kernels::sm90_up_launch(problem(i, true), s); });
+    res.down_ms = time_alone([&](int i) { epmoe::kernels::sm90_down_launch(problem(i), s, false); });
+  }
   if (!opt.ab_var.empty()) {
     std::vector<cudaGraphExec_t> ga, gb;
     const auto capture_with = [&](const std::string& value, std::vector<cudaGraphExec_t>& gs) {
@@ -405,7 +414,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
           warm_up([&] {
             for (auto g : gs) EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
           });
-          for (int i = 0; i < per_block; ++i) (a ? ta : tb).push_back(time_replay(gs[size_t(i) % gs.size()]));
+          std::vector<float> block;
+          for (int i = 0; i < per_block; ++i) block.push_back(time_replay(gs[size_t(i) % gs.size()]));
+          res.ab_block_ms.push_back(median(block));
+          (a ? ta : tb).insert((a ? ta : tb).end(), block.begin(), block.end());
         }
       }
     } else {
@@ -580,12 +592,14 @@ int parse_args(int argc, char** argv, Options& opt) {
       opt.ab_b = v.substr(comma + 1);
       for (const std::string& name : ab_vars(opt.ab_var))
         if (name.empty()) throw std::runtime_error("--ab VAR1+VAR2=A,B: an empty variable name in '" + opt.ab_var + "'");
+    } else if (a == "--ab-only") {
+      opt.ab_only = true;
     } else if (a == "--ab-blocks") {
       opt.ab_blocks = std::atoi(next().c_str());
       if (opt.ab_blocks < 1) throw std::runtime_error("--ab-blocks N (N >= 1 rounds of an A block and a B block)");
     } else if (a == "-h" || a == "--help") {
       std::printf("usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--warmup-ms MS] [--json PATH] [--no-check] "
-                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR[+VAR2...]=A,B [--ab-blocks N]]\n",
+                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR[+VAR2...]=A,B [--ab-blocks N] [--ab-only]]\n",
                   argv[0]);
       return 0;
     } else {
@@ -657,6 +671,12 @@ int main(int argc, char** argv) {
                     opt.ab_a.c_str(), r.ab_a_ms, opt.ab_b.c_str(), r.ab_b_ms, r.ab_a_ms > 0 ? r.ab_b_ms / r.ab_a_ms : 0.0,
                     opt.ab_blocks > 0 ? (std::to_string(opt.ab_blocks) + " rounds of steady-state blocks").c_str()
                                       : "interleaved replays");
+      if (!r.ab_block_ms.empty()) {
+        std::printf("#   A/B block medians (ms, in run order; each round AB or BA):");
+        for (size_t b = 0; b < r.ab_block_ms.size(); ++b)
+          std::printf(" %s%.4f", ((b / 2) % 2 == 0) == (b % 2 == 0) ? "A " : "B ", r.ab_block_ms[b]);
+        std::printf("\n");
+      }
       std::fflush(stdout);
       // Same bound as the test suite: 2k * 2^-8 of the row maximum, 1e-2 relative L2.
       if (opt.check && !(r.max_rel_err <= 2.0 * sh.k / 256.0 && r.rel_l2 < 1e-2)) ok = false;
