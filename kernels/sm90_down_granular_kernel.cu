@@ -338,8 +338,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
   if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_down_uses_cluster() ||
-      sm90_order_by_expert(p.experts))
-    return false;  // clusters and the by-expert order: the 128-row kernel's options
+      sm90_order_forced_by_expert())
+    return false;  // clusters and the by-expert order asked for: the 128-row kernel's options
   check_expert_problem(p, "sm90_down_granular_launch");
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);

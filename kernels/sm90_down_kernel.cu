@@ -336,7 +336,7 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nn = (p.hidden + kBN - 1) / kBN;
   const bool staged = sm90_down_staged_epilogue();
-  const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nn, cluster, staged ? kDownStagingBytes : 0);
+  const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nn, cluster, staged ? kDownStagingBytes : 0);
   const bool pad_halves = sm90_skip_pad_halves(tiles, p.experts, p.ffn, plan.items, cluster);
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,

@@ -19,8 +19,8 @@
 //                            rank-4 box (also used automatically if the driver rejects the fold)
 //   EPMOE_SM90_CLUSTER=0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile (sm90_cluster_mode)
 //   EPMOE_SM90_GROUP=G       row tiles per scheduling group, column-block-major inside (1: tile-major)
-//   EPMOE_SM90_ORDER=global|expert  groups cut from the global tile sequence (default) or inside
-//                            each expert (sm90_order_by_expert)
+//   EPMOE_SM90_ORDER=auto|global|expert  groups cut from the global tile sequence or inside each
+//                            expert; auto (default): by expert at hidden >= 4096 (sm90_order_by_expert)
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
@@ -58,9 +58,14 @@ bool sm90_down_uses_cluster();
 // EPMOE_SM90_GROUP, else the built-in default. Read at each call.
 int sm90_group_tiles();
 // Work order (kernels/sm90_schedule.cuh): by expert - scheduling groups never straddle two experts'
-// weights - when EPMOE_SM90_ORDER=expert and the schedule's offsets fit in shared memory (experts up
-// to ~4300); else the global order (the default). Read at each call.
-bool sm90_order_by_expert(int experts);
+// weights - when EPMOE_SM90_ORDER=expert, or unset / auto and hidden >= kOrderByExpertMinHidden, and
+// the schedule's offsets fit in shared memory (experts up to ~4300); else the global order (global
+// is faster at hidden 2048, by expert at 7168: sm90_launch_config.cu says by how much). Read at each
+// call. sm90_order_forced_by_expert: EPMOE_SM90_ORDER=expert exactly (the granular kernels, which
+// claim items in their own order, then give way to the 128-row kernels; under auto they run).
+inline constexpr int kOrderByExpertMinHidden = 4096;
+bool sm90_order_by_expert(int experts, int hidden);
+bool sm90_order_forced_by_expert();
 // Gathering UP: each producer thread's cp.async copies signal the stage's full barrier themselves
 // (cp.async.mbarrier.arrive.noinc; consumers fence for the async proxy; the default, "async") instead
 // of the thread waiting for them two stages later (cp.async.wait_group, "wait"): the producer then

@@ -65,9 +65,9 @@ int64_t sm90_work_items(int64_t tiles, int experts, int nn, bool cluster, bool b
   return by_expert ? expert_items_bound(tiles, experts, nn, true) : (tiles + 1) / 2 * nn;
 }
 
-Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int blocks, bool cluster, size_t staging) {
+Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int hidden, int blocks, bool cluster, size_t staging) {
   Sm90LaunchPlan plan{};
-  plan.by_expert = sm90_kernel_order_by_expert(experts, staging);
+  plan.by_expert = sm90_kernel_order_by_expert(experts, hidden, staging);
   plan.smem = sm90_dyn_smem_bytes(plan.by_expert, experts, staging);
   plan.items = sm90_work_items(tiles, experts, blocks, cluster, plan.by_expert);
   return plan;
@@ -177,14 +177,27 @@ bool sm90_up_uses_cluster(bool gather) {
 }
 bool sm90_down_uses_cluster() { return sm90_cluster_mode() != 0; }
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
-// The knob, and the fit: the schedule's per-expert offsets must fit in shared memory next to the
-// ring and the kernel's staging buffers. Default global: the by-expert order cut DRAM reads by a
-// third at 7168 but measured 0.5-4% slower in same-process A/Bs (docs/PERF.md, sessions 5 and 7).
-bool sm90::sm90_kernel_order_by_expert(int experts, size_t staging) {
-  return env_choice("EPMOE_SM90_ORDER", "expert", "global", false) &&
-         sm90_dyn_smem_bytes(true, experts, staging) <= kMaxDynSmemBytes - kStaticSmemReserve;
+// The knob, the rule and the fit: the schedule's per-expert offsets must fit in shared memory next
+// to the ring and the kernel's staging buffers. Sessions 5 and 7 kept the global order because the
+// by-expert order measured 0.5-4% slower in same-process interleaved A/Bs, which favor the variant
+// drawing more power (session 13); in steady-state blocks (session 14, --ab-blocks) it is 1.5% / 1.2%
+// faster at E=32 k=8 hidden 7168 (T=2k / 8k: UP DRAM reads 2.92 -> 2.19 GB, L2 bytes 13.0 -> 10.1 GB)
+// and 2.8% slower at hidden 2048 (T=16k), where its decode costs more than the bytes it saves.
+static int sm90_order_mode() {  // 0 global, 1 expert, 2 auto
+  const char* env = std::getenv("EPMOE_SM90_ORDER");
+  if (env == nullptr || env[0] == '\0') return 2;
+  const std::string v(env);
+  EPMOE_CHECK(v == "global" || v == "expert" || v == "auto", ErrorCode::invalid_argument,
+              "EPMOE_SM90_ORDER must be global, expert or auto, got '", v, "'");
+  return v == "global" ? 0 : v == "expert" ? 1 : 2;
 }
-bool sm90_order_by_expert(int experts) { return sm90::sm90_kernel_order_by_expert(experts, 0); }
+bool sm90::sm90_kernel_order_by_expert(int experts, int hidden, size_t staging) {
+  const int mode = sm90_order_mode();
+  const bool wanted = mode == 1 || (mode == 2 && hidden >= kOrderByExpertMinHidden);
+  return wanted && sm90_dyn_smem_bytes(true, experts, staging) <= kMaxDynSmemBytes - kStaticSmemReserve;
+}
+bool sm90_order_by_expert(int experts, int hidden) { return sm90::sm90_kernel_order_by_expert(experts, hidden, 0); }
+bool sm90_order_forced_by_expert() { return sm90_order_mode() == 1; }
 // Default staged: same-process A/B (session 7) B/A 0.989 / 0.994 / 0.977 / 0.998 / 0.989 on the five
 // bench shapes (docs/PERF.md).
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }

@@ -36,7 +36,7 @@ size_t sm90_dyn_smem_bytes(bool by_expert, int experts, size_t staging = 0);
 // (sm90_order_by_expert) and the schedule fits next to the ring and those buffers; else the global
 // order. UP and DOWN decide separately (DOWN's staging is larger: with many experts UP can run by
 // expert while DOWN runs the global order; both orders are correct for either kernel).
-bool sm90_kernel_order_by_expert(int experts, size_t staging);
+bool sm90_kernel_order_by_expert(int experts, int hidden, size_t staging);
 
 // Work items (cluster mode: cluster items) to size the grid from `tiles` = the capacity's row tiles:
 // an upper bound of what the device schedule counts from padded_offsets.
@@ -50,7 +50,7 @@ struct Sm90LaunchPlan {
   size_t smem;
   int64_t items;
 };
-Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int blocks, bool cluster, size_t staging);
+Sm90LaunchPlan sm90_launch_plan(int64_t tiles, int experts, int hidden, int blocks, bool cluster, size_t staging);
 
 // Padding halves (EPMOE_SM90_PAD_HALVES=auto|skip|compute, default auto): whether a kernel with K =
 // `k_dim` over `tiles` capacity row tiles runs the all-padding upper half of an expert's last tile

@@ -434,7 +434,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
   const bool staged = sm90_up_staged_epilogue();
-  const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, nj, cluster, staged ? kUpStagingBytes : 0);
+  const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);
   const bool pad_halves = sm90_skip_pad_halves(tiles, p.experts, p.hidden, plan.items, cluster);
   CUtensorMap tm_act{};  // the staged epilogue's store map: 64x64 boxes
   if (staged) tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);

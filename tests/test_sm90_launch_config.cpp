@@ -169,25 +169,37 @@ TEST(Sm90Knobs, GatherArrive) {
 }
 
 TEST(Sm90Knobs, WorkOrder) {
+  using epmoe::kernels::kOrderByExpertMinHidden;
   using epmoe::kernels::sm90_order_by_expert;
-  {
-    Env e("EPMOE_SM90_ORDER", nullptr);
-    EXPECT_FALSE(sm90_order_by_expert(32));
+  using epmoe::kernels::sm90_order_forced_by_expert;
+  for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
+    // auto (the default): by expert from hidden 4096 on (faster at 7168, slower at 2048).
+    Env e("EPMOE_SM90_ORDER", v);
+    EXPECT_FALSE(sm90_order_by_expert(32, 2048));
+    EXPECT_FALSE(sm90_order_by_expert(32, kOrderByExpertMinHidden - 128));
+    EXPECT_TRUE(sm90_order_by_expert(32, kOrderByExpertMinHidden));
+    EXPECT_TRUE(sm90_order_by_expert(32, 7168));
+    EXPECT_FALSE(sm90_order_by_expert(8192, 7168));  // the schedule does not fit: global
+    EXPECT_FALSE(sm90_order_forced_by_expert());     // the granular kernels still run
   }
   {
     Env e("EPMOE_SM90_ORDER", "global");
-    EXPECT_FALSE(sm90_order_by_expert(32));
+    EXPECT_FALSE(sm90_order_by_expert(32, 2048));
+    EXPECT_FALSE(sm90_order_by_expert(32, 7168));
+    EXPECT_FALSE(sm90_order_forced_by_expert());
   }
   {
     Env e("EPMOE_SM90_ORDER", "expert");
-    EXPECT_TRUE(sm90_order_by_expert(1));
-    EXPECT_TRUE(sm90_order_by_expert(4096));
+    EXPECT_TRUE(sm90_order_by_expert(1, 2048));
+    EXPECT_TRUE(sm90_order_by_expert(4096, 7168));
     // Too many experts for the schedule's offsets next to the ring: the global order.
-    EXPECT_FALSE(sm90_order_by_expert(8192));
+    EXPECT_FALSE(sm90_order_by_expert(8192, 2048));
+    EXPECT_TRUE(sm90_order_forced_by_expert());
   }
-  for (const char* bad : {"Expert", "1", "tile"}) {
+  for (const char* bad : {"Expert", "1", "tile", "AUTO"}) {
     Env e("EPMOE_SM90_ORDER", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_order_by_expert(32); }), epmoe::ErrorCode::invalid_argument) << bad;
+    EXPECT_EQ(code_of([] { (void)sm90_order_by_expert(32, 2048); }), epmoe::ErrorCode::invalid_argument) << bad;
+    EXPECT_EQ(code_of([] { (void)sm90_order_forced_by_expert(); }), epmoe::ErrorCode::invalid_argument) << bad;
   }
   EXPECT_EQ(sm90_dyn_smem_bytes(false, 32), kDynSmemBytes);
   EXPECT_EQ(sm90_dyn_smem_bytes(true, 32), kDynSmemBytes + 2 * 33 * 4 + 8);  // rounded to 16 B
@@ -271,21 +283,23 @@ TEST(Sm90Knobs, Epilogues) {
     Env e("EPMOE_SM90_ORDER", "expert");
     // With DOWN's staging the schedule fits for up to ~150 experts, with UP's for a few more; beyond
     // that the kernel runs the global order; without staging as sm90_order_by_expert.
-    EXPECT_TRUE(sm90_kernel_order_by_expert(128, kDownStagingBytes));
-    EXPECT_FALSE(sm90_kernel_order_by_expert(256, kDownStagingBytes));
-    EXPECT_TRUE(sm90_kernel_order_by_expert(128, kUpStagingBytes));
-    EXPECT_FALSE(sm90_kernel_order_by_expert(256, kUpStagingBytes));
-    EXPECT_TRUE(sm90_kernel_order_by_expert(256, 0));
-    EXPECT_TRUE(epmoe::kernels::sm90_order_by_expert(256));
+    EXPECT_TRUE(sm90_kernel_order_by_expert(128, 2048, kDownStagingBytes));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(256, 2048, kDownStagingBytes));
+    EXPECT_TRUE(sm90_kernel_order_by_expert(128, 2048, kUpStagingBytes));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(256, 2048, kUpStagingBytes));
+    EXPECT_TRUE(sm90_kernel_order_by_expert(256, 2048, 0));
+    EXPECT_TRUE(epmoe::kernels::sm90_order_by_expert(256, 2048));
     for (size_t staging : {size_t(0), size_t(kUpStagingBytes), kDownStagingBytes})
       for (int E : {1, 64, 128, 150, 169, 170, 171, 200, 4096, 8192})
-        if (sm90_kernel_order_by_expert(E, staging))
+        if (sm90_kernel_order_by_expert(E, 2048, staging))
           EXPECT_LE(sm90_dyn_smem_bytes(true, E, staging), kMaxDynSmemBytes - kStaticSmemReserve) << E;
   }
   {
     Env e("EPMOE_SM90_ORDER", nullptr);
-    EXPECT_FALSE(sm90_kernel_order_by_expert(32, kDownStagingBytes));
-    EXPECT_FALSE(sm90_kernel_order_by_expert(32, 0));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(32, 2048, kDownStagingBytes));
+    EXPECT_FALSE(sm90_kernel_order_by_expert(32, 2048, 0));
+    EXPECT_TRUE(sm90_kernel_order_by_expert(32, 7168, kDownStagingBytes));  // auto at hidden 7168
+    EXPECT_FALSE(sm90_kernel_order_by_expert(256, 7168, kDownStagingBytes));  // ... if it fits
   }
 }
 
@@ -363,15 +377,17 @@ TEST(Sm90Knobs, GridItemBound) {
 TEST(Sm90Knobs, LaunchPlan) {
   for (const char* order : {static_cast<const char*>(nullptr), "expert"}) {
     Env e("EPMOE_SM90_ORDER", order);
-    for (size_t staging : {size_t(0), size_t(kUpStagingBytes), kDownStagingBytes})
-      for (int E : {4, 128, 256})
-        for (bool cluster : {false, true}) {
-          const auto plan = sm90_launch_plan(529, E, 28, cluster, staging);
-          const bool fits = order != nullptr && (E <= 128 || staging == 0);  // see Sm90Knobs.Epilogues
-          EXPECT_EQ(plan.by_expert, fits) << E << " " << staging;
-          EXPECT_EQ(plan.smem, sm90_dyn_smem_bytes(fits, E, staging));
-          EXPECT_EQ(plan.items, sm90_work_items(529, E, 28, cluster, fits));
-        }
+    for (int hidden : {2048, 7168})
+      for (size_t staging : {size_t(0), size_t(kUpStagingBytes), kDownStagingBytes})
+        for (int E : {4, 128, 256})
+          for (bool cluster : {false, true}) {
+            const auto plan = sm90_launch_plan(529, E, hidden, 28, cluster, staging);
+            const bool wanted = order != nullptr || hidden >= 4096;    // unset: auto
+            const bool fits = wanted && (E <= 128 || staging == 0);  // see Sm90Knobs.Epilogues
+            EXPECT_EQ(plan.by_expert, fits) << E << " " << hidden << " " << staging;
+            EXPECT_EQ(plan.smem, sm90_dyn_smem_bytes(fits, E, staging));
+            EXPECT_EQ(plan.items, sm90_work_items(529, E, 28, cluster, fits));
+          }
   }
 }
 

@@ -504,9 +504,16 @@ Result run_shape(const Shape& sh, const Options& opt) {
   return res;
 }
 
-// The work order the kernels use for a typical expert count (the knob's value; "global" also when
-// the expert count is too large for the by-expert schedule, which no bench shape is).
-const char* order_name() { return epmoe::kernels::sm90_order_by_expert(32) ? "expert" : "global"; }
+// The work order the kernels use for a typical expert count at `hidden` (the knob's value, or auto's
+// choice; "global" also when the expert count is too large for the by-expert schedule, which no bench
+// shape is).
+const char* order_knob() {
+  const char* v = std::getenv("EPMOE_SM90_ORDER");
+  return v != nullptr && v[0] != '\0' ? v : "auto";
+}
+const char* order_name(int hidden) {
+  return epmoe::kernels::sm90_order_by_expert(32, hidden) ? "expert" : "global";
+}
 // The tile shape a kernel's knob asks for (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES, default
 // whole); the granular kernels still defer to clusters and the by-expert order.
 const char* tiles_name(bool up) {
@@ -523,7 +530,7 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
                "{\n \"impl\": \"epmoe_sm90_split\",\n \"device\": \"%s\",\n \"warmup_ms\": %.0f,\n \"zero_before_down\": %s,\n"
                " \"cluster_mode\": %d,\n \"group_tiles\": %d,\n \"order\": \"%s\",\n \"moe\": [\n",
                device, warmup_ms, zbd ? "true" : "false", epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(),
-               order_name());
+               order_knob());
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     std::fprintf(f,
@@ -533,13 +540,13 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
                  "\"down_ms\": %.6f, \"zero_ms\": %.6f, "
                  "\"full_serial_zero_ms\": %.6f, \"checked_tokens\": %d, "
                  "\"max_rel_err\": %.6g, \"rel_l2\": %.6g, \"ab_a_ms\": %.6f, \"ab_b_ms\": %.6f, "
-                 "\"up_tiles\": \"%s\", \"down_tiles\": \"%s\"}%s\n",
+                 "\"up_tiles\": \"%s\", \"down_tiles\": \"%s\", \"order\": \"%s\"}%s\n",
                  r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
                  tflops(r.s, r.full_ms), r.full_sep_ms, r.gather_ms, r.up_ms, r.up_fused_ms, r.down_ms, r.zero_ms,
                  r.full_serial_zero_ms,
                  r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
-                 r.ab_a_ms, r.ab_b_ms, tiles_name(true), tiles_name(false),
+                 r.ab_a_ms, r.ab_b_ms, tiles_name(true), tiles_name(false), order_name(r.s.hidden),
                  i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, " ]\n}\n");
@@ -645,8 +652,10 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, opt.iters, opt.warmup_ms, opt.zero_before_down ? "DOWN" : "UP");
     std::printf("# full: UP gathers its rows (default); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
-                "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group, EPMOE_SM90_ORDER=%s\n",
-                epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(), order_name());
+                "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group, EPMOE_SM90_ORDER=%s (hidden "
+                "2048: %s, 7168: %s)\n",
+                epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(), order_knob(), order_name(2048),
+                order_name(7168));
     std::printf("# tiles: UP %s, DOWN %s (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES: whole = 128-row tiles, "
                 "granular = swap-AB token-granular tiles)\n",
                 tiles_name(true), tiles_name(false));

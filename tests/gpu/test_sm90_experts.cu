@@ -190,22 +190,24 @@ TEST(Sm90Experts, PlainW1MapFallback) {
   run_case(c);
 }
 // ---- kernel variants: EPMOE_SM90_CLUSTER x EPMOE_SM90_GROUP x EPMOE_SM90_ORDER -----------------
-// The default (single CTAs, groups of 16 row tiles cut from the global tile sequence) runs every case
-// above. Pinned here: 2-CTA clusters multicasting the weight tile (mode 1) on the cases that stress
-// the tile pairing - one tile in all (rank 1 idles), an odd tile count in one expert, pairs
-// straddling expert boundaries (1-row and empty experts, skew), a half-out-of-range last W2 block,
-// many tiles, graph capture, no PDL, the TMA (xs) A path, one cluster per item - with group sizes
-// that leave short last groups; mode 2 (clusters in DOWN only while UP gathers); single CTAs in
-// tile-major order and with other group sizes; and the by-expert order (EPMOE_SM90_ORDER=expert) on
-// the cases that stress it: an odd expert's last tile runs as a column pair - the single-row experts
-// make every tile such a leftover, ffn 640 / hidden 640 give odd column-block counts (rank 1 idle on
-// the last pair) - and groups split an expert's units into near-equal parts.
+// The default (single CTAs, groups of 16 row tiles cut from the global tile sequence at hidden < 4096,
+// inside each expert from 4096 on) runs every case above; the variants at hidden >= 4096 below pin
+// the global order, so it stays tested where auto no longer picks it. Pinned here: 2-CTA clusters
+// multicasting the weight tile (mode 1) on the cases that stress the tile pairing - one tile in all
+// (rank 1 idles), an odd tile count in one expert, pairs straddling expert boundaries (1-row and
+// empty experts, skew), a half-out-of-range last W2 block, many tiles, graph capture, no PDL, the TMA
+// (xs) A path, one cluster per item - with group sizes that leave short last groups; mode 2
+// (clusters in DOWN only while UP gathers); single CTAs in tile-major order and with other group
+// sizes; and the by-expert order (EPMOE_SM90_ORDER=expert) on the cases that stress it: an odd
+// expert's last tile runs as a column pair - the single-row experts make every tile such a leftover,
+// ffn 640 / hidden 640 give odd column-block counts (rank 1 idle on the last pair) - and groups split
+// an expert's units into near-equal parts.
 struct Variant {
   const char* name;
   const char* cluster;  // EPMOE_SM90_CLUSTER
   const char* group;    // EPMOE_SM90_GROUP
   Case c;
-  const char* order = nullptr;  // EPMOE_SM90_ORDER (unset: the default, global)
+  const char* order = nullptr;  // EPMOE_SM90_ORDER (unset: the default, auto - by expert at hidden >= 4096)
   const char* knob = nullptr;   // one more EPMOE_SM90_* variable set to `value` (the non-default paths)
   const char* value = nullptr;
   const char* knob2 = nullptr;  // and another
@@ -220,13 +222,15 @@ const std::vector<Variant>& variants() {
       {"ClusterSmallMulticastE2K1H256F256T512", "1", "16", {2, 1, 256, 256, 512, Route::uniform, 0, 64}},
       {"ClusterSeparateGatherSmallMulticastE2K1H256F256T512", "1", "16",
        separate({2, 1, 256, 256, 512, Route::uniform, 0, 64})},
-      {"ClusterOneTileE4K1H7168F2048T1", "1", "16", {4, 1, 7168, 2048, 1, Route::uniform, 130, 1}},
-      {"ClusterUniformE8K4H7168F2048T512", "1", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 11)},
+      {"ClusterOneTileE4K1H7168F2048T1", "1", "16", {4, 1, 7168, 2048, 1, Route::uniform, 130, 1}, "global"},
+      {"ClusterUniformE8K4H7168F2048T512", "1", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 11),
+       "global"},
       {"ClusterUniformE32K4H2048F1024T4096", "1", "1",
        with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 48}, 12)},
-      {"ClusterZipfE64K8H4096F768T1024", "1", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 13)},
+      {"ClusterZipfE64K8H4096F768T1024", "1", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 13),
+       "global"},
       {"ClusterSingleRowExpertsE16K1H4096F1024T12", "1", "16",
-       with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 14)},
+       with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 14), "global"},
       // 1100 rows in one expert: 9 tiles, the last pair has no second tile.
       {"ClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "16",
        with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 15)},
@@ -246,12 +250,14 @@ const std::vector<Variant>& variants() {
       {"SingleCtaSmallE4K2H256F256T64", "0", "1", {4, 2, 256, 256, 64, Route::uniform, 0, 64}},
       {"SingleCtaUniformE32K4H2048F1024T4096", "0", "1",
        with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 48}, 28)},
-      {"SingleCtaZipfE64K8H4096F768T1024", "0", "1", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 29)},
+      {"SingleCtaZipfE64K8H4096F768T1024", "0", "1", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 29),
+       "global"},
       {"SingleCtaHalfTileE4K2H640F768T300", "0", "1", with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 30)},
       {"SingleCtaSeparateGatherGraphCaptured", "0", "1",
        separate(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 31, Mode::graph))},
       {"SingleCtaGroup3ZipfE32K4H2048F1024T4096", "0", "3", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 23)},
-      {"SingleCtaGroup5UniformE8K4H7168F2048T512", "0", "5", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 24)},
+      {"SingleCtaGroup5UniformE8K4H7168F2048T512", "0", "5",
+       with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 24), "global"},
       {"ByExpertClusterSmallE4K2H256F256T64", "1", "16", {4, 2, 256, 256, 64, Route::uniform, 0, 64}, "expert"},
       {"ByExpertClusterSmallMulticastE2K1H256F256T512", "1", "16", {2, 1, 256, 256, 512, Route::uniform, 0, 64},
        "expert"},
