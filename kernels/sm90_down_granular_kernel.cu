@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
-  if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_down_uses_cluster() ||
+  if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_cluster_knob() > 0 ||
       sm90_order_forced_by_expert())
     return false;  // clusters and the by-expert order asked for: the 128-row kernel's options
   check_expert_problem(p, "sm90_down_granular_launch");

@@ -329,7 +329,7 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
   check_expert_problem(p, "sm90_down_launch");
   if (sm90_down_granular() && sm90_down_granular_launch(p, s, pdl)) return;
-  const bool cluster = sm90_down_uses_cluster();
+  const bool cluster = sm90_down_uses_cluster(p.hidden, p.rows_capacity, p.experts);
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);
   // The cluster variant loads W2 in 128-row halves (one per CTA of a multicasting pair).
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, cluster ? kBN / 2 : kBN);

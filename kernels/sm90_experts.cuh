@@ -49,11 +49,18 @@ bool sm90_fused_gather_enabled();
 
 // 2-CTA thread-block clusters that multicast the weight tile into two row tiles of one expert
 // (kernels/sm90_common.cuh, WorkItem). EPMOE_SM90_CLUSTER: 0 never; 1 both kernels; 2 DOWN, and UP
-// only when it reads xs by TMA (not when it gathers from x). Unset: 0 (sm90_launch_config.cu says
-// why). Read at each call.
-int sm90_cluster_mode();
-bool sm90_up_uses_cluster(bool gather);
-bool sm90_down_uses_cluster();
+// only when it reads xs by TMA (not when it gathers from x); unset or auto: 1 when hidden >=
+// kClusterMinHidden and the capacity holds at least kClusterMinRowsPerExpert rows per expert on
+// average (a fixed worst-case capacity overstates it: both choices are correct), else 0
+// (sm90_launch_config.cu says why). Read at each call. sm90_cluster_knob: -1 for auto, else the
+// value asked for (the granular kernels give way to the 128-row ones only when clusters are asked
+// for explicitly).
+inline constexpr int kClusterMinHidden = 4096;
+inline constexpr int64_t kClusterMinRowsPerExpert = 1024;
+int sm90_cluster_knob();
+int sm90_cluster_mode(int hidden, int64_t rows_capacity, int experts);
+bool sm90_up_uses_cluster(bool gather, int hidden, int64_t rows_capacity, int experts);
+bool sm90_down_uses_cluster(int hidden, int64_t rows_capacity, int experts);
 // Row tiles per scheduling group (WorkGrid in sm90_common.cuh; 1 = tile-major order):
 // EPMOE_SM90_GROUP, else the built-in default. Read at each call.
 int sm90_group_tiles();

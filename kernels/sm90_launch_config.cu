@@ -163,19 +163,29 @@ bool env_choice(const char* name, const char* yes, const char* no, bool fallback
 }
 }  // namespace
 
-int sm90_cluster_mode() {
-  // Default 0: in same-process A/Bs (session 5) single CTAs beat the multicasting pairs by 1-2% on
-  // every bench shape - the pairs halve L2->SM weight bytes but read ~30% more from DRAM, and on this
-  // power-limited board the clock follows the data moved (docs/PERF.md).
+int sm90_cluster_knob() {
+  const char* env = std::getenv("EPMOE_SM90_CLUSTER");
+  if (env == nullptr || env[0] == '\0' || std::string(env) == "auto") return -1;
   const int mode = env_int("EPMOE_SM90_CLUSTER", 0);
-  EPMOE_CHECK(mode <= 2, ErrorCode::invalid_argument, "EPMOE_SM90_CLUSTER must be 0, 1 or 2, got ", mode);
+  EPMOE_CHECK(mode <= 2, ErrorCode::invalid_argument, "EPMOE_SM90_CLUSTER must be 0, 1, 2 or auto, got ", mode);
   return mode;
 }
-bool sm90_up_uses_cluster(bool gather) {
-  const int mode = sm90_cluster_mode();
+// auto: the pairs halve L2->SM weight bytes but read more from DRAM (UP at 7168/T=2k: 3.48 vs 2.92
+// GB). Session 5's interleaved A/Bs had them 1-2% slower everywhere; steady-state blocks (session 14)
+// agree at hidden 2048 (T=16k +0.4%) and at 7168 with ~640 rows per expert (T=2k +0.7%), but at 7168
+// with ~2200 rows per expert (T=8k) they are 1.9% (global order) / 2.2% (by expert) faster.
+int sm90_cluster_mode(int hidden, int64_t rows_capacity, int experts) {
+  const int knob = sm90_cluster_knob();
+  if (knob >= 0) return knob;
+  return hidden >= kClusterMinHidden && experts > 0 && rows_capacity / experts >= kClusterMinRowsPerExpert ? 1 : 0;
+}
+bool sm90_up_uses_cluster(bool gather, int hidden, int64_t rows_capacity, int experts) {
+  const int mode = sm90_cluster_mode(hidden, rows_capacity, experts);
   return mode == 1 || (mode == 2 && !gather);
 }
-bool sm90_down_uses_cluster() { return sm90_cluster_mode() != 0; }
+bool sm90_down_uses_cluster(int hidden, int64_t rows_capacity, int experts) {
+  return sm90_cluster_mode(hidden, rows_capacity, experts) != 0;
+}
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
 // The knob, the rule and the fit: the schedule's per-expert offsets must fit in shared memory next
 // to the ring and the kernel's staging buffers. Sessions 5 and 7 kept the global order because the

@@ -252,7 +252,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
   if (p.x == nullptr || p.expert_counts == nullptr || p.work_counters == nullptr) return false;
-  if (sm90_up_uses_cluster(true) || sm90_order_forced_by_expert()) return false;  // the 128-row kernel's options
+  // Clusters or the by-expert order asked for explicitly: the 128-row kernel's options.
+  if (sm90_cluster_knob() == 1 || sm90_order_forced_by_expert()) return false;
   check_expert_problem(p, "sm90_up_granular_launch");
   CUtensorMap tm_w1;
   if (!try_make_w1_folded_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1)) return false;

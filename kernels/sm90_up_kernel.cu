@@ -425,7 +425,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   // The folded rank-4 map (one box per stage) unless the driver rejects it or
   // EPMOE_SM90_W1_PLAIN=1 asks for the plain rank-3 map (two boxes per stage, same smem layout).
   // The cluster variant always uses the plain map: each CTA of a pair multicasts one of its boxes.
-  const bool cluster = sm90_up_uses_cluster(gather);
+  const bool cluster = sm90_up_uses_cluster(gather, p.hidden, p.rows_capacity, p.experts);
   const char* plain_env = std::getenv("EPMOE_SM90_W1_PLAIN");
   const bool force_plain = cluster || (plain_env != nullptr && plain_env[0] == '1');
   CUtensorMap tm_w1;

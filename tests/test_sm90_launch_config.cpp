@@ -107,32 +107,51 @@ TEST(Sm90Knobs, GranularClaimStep) {
 }
 
 TEST(Sm90Knobs, ClusterModeDefaultsAndValues) {
-  {
-    Env e("EPMOE_SM90_CLUSTER", nullptr);
-    EXPECT_EQ(sm90_cluster_mode(), 0);
-    EXPECT_FALSE(sm90_up_uses_cluster(true));
-    EXPECT_FALSE(sm90_down_uses_cluster());
+  using epmoe::kernels::kClusterMinHidden;
+  using epmoe::kernels::kClusterMinRowsPerExpert;
+  using epmoe::kernels::sm90_cluster_knob;
+  // Shapes: hidden 2048 with many rows per expert; 7168 with ~640 (E=32 k=8 T=2k) and ~2200 (T=8k).
+  const int64_t cap2k = 2048 * 8 + 32 * 127, cap8k = 8192 * 8 + 32 * 127;
+  for (const char* v : {static_cast<const char*>(nullptr), "", "auto"}) {
+    Env e("EPMOE_SM90_CLUSTER", v);
+    EXPECT_EQ(sm90_cluster_knob(), -1);
+    EXPECT_EQ(sm90_cluster_mode(2048, 1 << 20, 32), 0);
+    EXPECT_EQ(sm90_cluster_mode(7168, cap2k, 32), 0);
+    EXPECT_EQ(sm90_cluster_mode(7168, cap8k, 32), 1);
+    EXPECT_EQ(sm90_cluster_mode(kClusterMinHidden, 32 * kClusterMinRowsPerExpert, 32), 1);  // both bounds inclusive
+    EXPECT_EQ(sm90_cluster_mode(kClusterMinHidden - 128, 32 * kClusterMinRowsPerExpert, 32), 0);
+    EXPECT_EQ(sm90_cluster_mode(kClusterMinHidden, 32 * kClusterMinRowsPerExpert - 1, 32), 0);
+    EXPECT_EQ(sm90_cluster_mode(7168, cap8k, 0), 0);  // no experts: no division, no clusters
+    EXPECT_FALSE(sm90_up_uses_cluster(true, 7168, cap2k, 32));
+    EXPECT_FALSE(sm90_down_uses_cluster(7168, cap2k, 32));
+    EXPECT_TRUE(sm90_up_uses_cluster(true, 7168, cap8k, 32));
+    EXPECT_TRUE(sm90_up_uses_cluster(false, 7168, cap8k, 32));
+    EXPECT_TRUE(sm90_down_uses_cluster(7168, cap8k, 32));
   }
   {
     Env e("EPMOE_SM90_CLUSTER", "1");
-    EXPECT_TRUE(sm90_up_uses_cluster(true));
-    EXPECT_TRUE(sm90_up_uses_cluster(false));
-    EXPECT_TRUE(sm90_down_uses_cluster());
+    EXPECT_EQ(sm90_cluster_knob(), 1);
+    EXPECT_TRUE(sm90_up_uses_cluster(true, 2048, 64, 32));
+    EXPECT_TRUE(sm90_up_uses_cluster(false, 2048, 64, 32));
+    EXPECT_TRUE(sm90_down_uses_cluster(2048, 64, 32));
   }
   {
     Env e("EPMOE_SM90_CLUSTER", "0");
-    EXPECT_FALSE(sm90_up_uses_cluster(false));
-    EXPECT_FALSE(sm90_down_uses_cluster());
+    EXPECT_EQ(sm90_cluster_knob(), 0);
+    EXPECT_FALSE(sm90_up_uses_cluster(false, 7168, cap8k, 32));
+    EXPECT_FALSE(sm90_down_uses_cluster(7168, cap8k, 32));
   }
   {
     Env e("EPMOE_SM90_CLUSTER", "2");  // DOWN always, UP only when it reads xs
-    EXPECT_FALSE(sm90_up_uses_cluster(true));
-    EXPECT_TRUE(sm90_up_uses_cluster(false));
-    EXPECT_TRUE(sm90_down_uses_cluster());
+    EXPECT_EQ(sm90_cluster_knob(), 2);
+    EXPECT_FALSE(sm90_up_uses_cluster(true, 2048, 64, 32));
+    EXPECT_TRUE(sm90_up_uses_cluster(false, 2048, 64, 32));
+    EXPECT_TRUE(sm90_down_uses_cluster(2048, 64, 32));
   }
-  for (const char* bad : {"3", "-1", "one", "1x"}) {
+  for (const char* bad : {"3", "-1", "one", "1x", "Auto"}) {
     Env e("EPMOE_SM90_CLUSTER", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_cluster_mode(); }), epmoe::ErrorCode::invalid_argument) << bad;
+    EXPECT_EQ(code_of([] { (void)sm90_cluster_knob(); }), epmoe::ErrorCode::invalid_argument) << bad;
+    EXPECT_EQ(code_of([] { (void)sm90_cluster_mode(7168, 1 << 20, 32); }), epmoe::ErrorCode::invalid_argument) << bad;
   }
 }
 

@@ -91,6 +91,7 @@ struct Result {
   int checked_tokens = 0;
   double ab_a_ms = 0, ab_b_ms = 0;  // --ab: the full layer under each value (median of all its replays)
   std::vector<double> ab_block_ms;   // --ab-blocks: each block's median, in run order (A B B A A B ...)
+  int cluster = 0;                   // the cluster mode the kernels ran (sm90_cluster_mode, auto resolved)
 };
 
 double median(std::vector<float> v) {
@@ -227,6 +228,7 @@ Result run_shape(const Shape& sh, const Options& opt) {
       epmoe::protocol::token_expert_layout(rt.ids.data(), rt.weights.data(), T, k, E, kExpertTile);
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
   const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
+  res.cluster = epmoe::kernels::sm90_cluster_mode(H, cap, E);
   Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
   Dev cnts(size_t(E) * 8), counters(4 * sizeof(int32_t));  // the granular kernels' inputs (EPMOE_SM90_*_TILES)
   EPMOE_CUDA_CHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
@@ -529,8 +531,8 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
   std::fprintf(f,
                "{\n \"impl\": \"epmoe_sm90_split\",\n \"device\": \"%s\",\n \"warmup_ms\": %.0f,\n \"zero_before_down\": %s,\n"
                " \"cluster_mode\": %d,\n \"group_tiles\": %d,\n \"order\": \"%s\",\n \"moe\": [\n",
-               device, warmup_ms, zbd ? "true" : "false", epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(),
-               order_knob());
+               device, warmup_ms, zbd ? "true" : "false", epmoe::kernels::sm90_cluster_knob(),
+               epmoe::kernels::sm90_group_tiles(), order_knob());
   for (size_t i = 0; i < rs.size(); ++i) {
     const Result& r = rs[i];
     std::fprintf(f,
@@ -540,13 +542,13 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
                  "\"down_ms\": %.6f, \"zero_ms\": %.6f, "
                  "\"full_serial_zero_ms\": %.6f, \"checked_tokens\": %d, "
                  "\"max_rel_err\": %.6g, \"rel_l2\": %.6g, \"ab_a_ms\": %.6f, \"ab_b_ms\": %.6f, "
-                 "\"up_tiles\": \"%s\", \"down_tiles\": \"%s\", \"order\": \"%s\"}%s\n",
+                 "\"up_tiles\": \"%s\", \"down_tiles\": \"%s\", \"order\": \"%s\", \"cluster\": %d}%s\n",
                  r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
                  tflops(r.s, r.full_ms), r.full_sep_ms, r.gather_ms, r.up_ms, r.up_fused_ms, r.down_ms, r.zero_ms,
                  r.full_serial_zero_ms,
                  r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
-                 r.ab_a_ms, r.ab_b_ms, tiles_name(true), tiles_name(false), order_name(r.s.hidden),
+                 r.ab_a_ms, r.ab_b_ms, tiles_name(true), tiles_name(false), order_name(r.s.hidden), r.cluster,
                  i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, " ]\n}\n");
@@ -652,9 +654,9 @@ int main(int argc, char** argv) {
                 prop.name, prop.multiProcessorCount, opt.iters, opt.warmup_ms, opt.zero_before_down ? "DOWN" : "UP");
     std::printf("# full: UP gathers its rows (default); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
-                "UP-from-xs), EPMOE_SM90_GROUP=%d row tiles per scheduling group, EPMOE_SM90_ORDER=%s (hidden "
-                "2048: %s, 7168: %s)\n",
-                epmoe::kernels::sm90_cluster_mode(), epmoe::kernels::sm90_group_tiles(), order_knob(), order_name(2048),
+                "UP-from-xs, -1 auto: 1 at hidden >= 4096 with >= 1024 capacity rows per expert), EPMOE_SM90_GROUP=%d "
+                "row tiles per scheduling group, EPMOE_SM90_ORDER=%s (hidden 2048: %s, 7168: %s)\n",
+                epmoe::kernels::sm90_cluster_knob(), epmoe::kernels::sm90_group_tiles(), order_knob(), order_name(2048),
                 order_name(7168));
     std::printf("# tiles: UP %s, DOWN %s (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES: whole = 128-row tiles, "
                 "granular = swap-AB token-granular tiles)\n",

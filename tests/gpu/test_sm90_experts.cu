@@ -12,6 +12,7 @@
 
 #include "kernels/gather_rows.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_experts.cuh"
 #include "sm90_case.h"
 
 namespace {
@@ -117,6 +118,13 @@ TEST(Sm90Experts, UniformE8K2H2048F1024T128) { run_case({8, 2, 2048, 1024, 128, 
 TEST(Sm90Experts, UniformE16K4H4096F768T7) { run_case({16, 4, 4096, 768, 7, Route::uniform, 384, 7}); }
 TEST(Sm90Experts, UniformE4K2H7168F2048T1) { run_case({4, 2, 7168, 2048, 1, Route::uniform, 130, 1}); }
 TEST(Sm90Experts, UniformE8K4H7168F2048T512) { run_case({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}); }
+// The defaults at hidden 7168 with >= 1024 rows per expert: 2-CTA clusters (cluster auto) in the
+// by-expert order (order auto), as at E=32 k=8 T=8k.
+TEST(Sm90Experts, AutoClustersByExpertE4K2H7168F2048T2048) {
+  ASSERT_EQ(epmoe::kernels::sm90_cluster_mode(7168, 2048 * 2, 4), 1) << "the case no longer runs clusters by default";
+  ASSERT_TRUE(epmoe::kernels::sm90_order_by_expert(4, 7168));
+  run_case({4, 2, 7168, 2048, 2048, Route::zipf, 0, 12});
+}
 TEST(Sm90Experts, UniformE32K4H2048F1024T4096) { run_case({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 48}); }
 // Skewed routing: hot experts with many tiles, a cold tail with few or no rows.
 TEST(Sm90Experts, ZipfE32K4H2048F1024T4096) { run_case({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}); }
