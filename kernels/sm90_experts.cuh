@@ -17,7 +17,8 @@
 //   EPMOE_SM90_PERSISTENT=0  one CTA per work item instead of one per SM
 //   EPMOE_SM90_W1_PLAIN=1    UP loads W1 with two rank-3 boxes per stage instead of the folded
 //                            rank-4 box (also used automatically if the driver rejects the fold)
-//   EPMOE_SM90_CLUSTER=0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile (sm90_cluster_mode)
+//   EPMOE_SM90_CLUSTER=auto|0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile; auto
+//                            (default): pairs at hidden >= 4096 with >= 1024 rows per expert (sm90_cluster_mode)
 //   EPMOE_SM90_GROUP=G       row tiles per scheduling group, column-block-major inside (1: tile-major)
 //   EPMOE_SM90_ORDER=auto|global|expert  groups cut from the global tile sequence or inside each
 //                            expert; auto (default): by expert at hidden >= 4096 (sm90_order_by_expert)
