@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -161,6 +163,17 @@ bool env_choice(const char* name, const char* yes, const char* no, bool fallback
               "'");
   return v == yes;
 }
+// A three-valued string knob: the index of its value in `values`, `fallback` when unset or empty;
+// anything else is an invalid_argument naming the three.
+int env_choice3(const char* name, const std::array<const char*, 3>& values, int fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || env[0] == '\0') return fallback;
+  for (int i = 0; i < 3; ++i)
+    if (std::strcmp(env, values[size_t(i)]) == 0) return i;
+  EPMOE_CHECK(false, ErrorCode::invalid_argument, name, " must be ", values[0], ", ", values[1], " or ", values[2],
+              ", got '", env, "'");
+  return fallback;
+}
 }  // namespace
 
 int sm90_cluster_knob() {
@@ -173,7 +186,7 @@ int sm90_cluster_knob() {
 // auto: the pairs halve L2->SM weight bytes but read more from DRAM (UP at 7168/T=2k: 3.48 vs 2.92
 // GB). Session 5's interleaved A/Bs had them 1-2% slower everywhere; steady-state blocks (session 14)
 // agree at hidden 2048 (T=16k +0.4%) and at 7168 with ~640 rows per expert (T=2k +0.7%), but at 7168
-// with ~2200 rows per expert (T=8k) they are 1.9% (global order) / 2.2% (by expert) faster.
+// with ~2200 rows per expert (T=8k) they are 1.3-2.2% faster (three runs, global and by-expert order).
 int sm90_cluster_mode(int hidden, int64_t rows_capacity, int experts) {
   const int knob = sm90_cluster_knob();
   if (knob >= 0) return knob;
@@ -190,16 +203,12 @@ int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
 // The knob, the rule and the fit: the schedule's per-expert offsets must fit in shared memory next
 // to the ring and the kernel's staging buffers. Sessions 5 and 7 kept the global order because the
 // by-expert order measured 0.5-4% slower in same-process interleaved A/Bs, which favor the variant
-// drawing more power (session 13); in steady-state blocks (session 14, --ab-blocks) it is 1.5% / 1.2%
-// faster at E=32 k=8 hidden 7168 (T=2k / 8k: UP DRAM reads 2.92 -> 2.19 GB, L2 bytes 13.0 -> 10.1 GB)
-// and 2.8% slower at hidden 2048 (T=16k), where its decode costs more than the bytes it saves.
+// drawing more power (session 13); in steady-state blocks (session 14, --ab-blocks) it is 1.2-4%
+// faster at E=32 k=8 hidden 7168 (T=2k / 8k: UP DRAM reads 2.92 -> 2.19 GB, L2 bytes 13.2 -> 10.2 GB)
+// and 1.9-2.8% slower at hidden 2048 (T=16k, E=128 T=16k), where its decode costs more than the
+// bytes it saves.
 static int sm90_order_mode() {  // 0 global, 1 expert, 2 auto
-  const char* env = std::getenv("EPMOE_SM90_ORDER");
-  if (env == nullptr || env[0] == '\0') return 2;
-  const std::string v(env);
-  EPMOE_CHECK(v == "global" || v == "expert" || v == "auto", ErrorCode::invalid_argument,
-              "EPMOE_SM90_ORDER must be global, expert or auto, got '", v, "'");
-  return v == "global" ? 0 : v == "expert" ? 1 : 2;
+  return env_choice3("EPMOE_SM90_ORDER", {"global", "expert", "auto"}, 2);
 }
 bool sm90::sm90_kernel_order_by_expert(int experts, int hidden, size_t staging) {
   const int mode = sm90_order_mode();
@@ -239,13 +248,6 @@ bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE",
 int sm90_down_flush_step(int num_k) { return env_int("EPMOE_SM90_DOWN_FLUSH_STEP", num_k / 2); }
 bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off", true); }
 // Default auto (sm90_pad_halves_auto): same-process A/Bs in docs/PERF.md, session 9.
-int sm90_pad_halves_mode() {
-  const char* env = std::getenv("EPMOE_SM90_PAD_HALVES");
-  if (env == nullptr || env[0] == '\0') return 2;
-  const std::string v(env);
-  EPMOE_CHECK(v == "auto" || v == "skip" || v == "compute", ErrorCode::invalid_argument,
-              "EPMOE_SM90_PAD_HALVES must be auto, skip or compute, got '", v, "'");
-  return v == "compute" ? 0 : v == "skip" ? 1 : 2;
-}
+int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compute", "skip", "auto"}, 2); }
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels
