@@ -6,10 +6,10 @@
 // Work item: one granular tile of an expert (granular_tile: rows [row0, row0 + N), N = 16..128) and
 // output columns [256 nb, +256). wgmma M is W2's rows - warpgroup c owns output columns 128c..128c+127
 // as two m64 blocks - and N is the tile's tokens; act rows come through the 128-row TMA box at row0
-// (rows past N are loaded and not used). Items of the global order are claimed from
-// work_counters[2] (lane 0 of the producer warp, three K steps before the current item ends; the
-// last CTA resets [2] and [3]), as in the granular UP kernel, for the same reasons (uneven items and
-// the weight streams' lockstep).
+// (rows past N are loaded and not used). Items of the 128-row kernel's order (global or by expert)
+// are claimed from work_counters[2] (lane 0 of the producer warp, three K steps before the current
+// item ends; the last CTA resets [2] and [3]), as in the granular UP kernel, for the same reasons
+// (uneven items and the weight streams' lockstep).
 //
 // Epilogue, staged as in sm90_down_kernel.cu but by token halves: each consumer warpgroup writes the
 // weighted bf16 of tokens [0, 64) x its 128 columns with stmatrix.trans into its 16 KB staging buffer
@@ -155,7 +155,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                               const int64_t* __restrict__ padded_offsets, const int64_t* __restrict__ expert_counts,
                               const int32_t* __restrict__ pair_row, const float* __restrict__ pair_weight,
                               __nv_bfloat16* __restrict__ out, int experts, int hidden, int ffn,
-                              int32_t* __restrict__ work_counters, int group_tiles, int flush_step, int claim_kt) {
+                              int32_t* __restrict__ work_counters, int group_tiles, int flush_step, int claim_kt,
+                              int by_expert) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];
   __shared__ __align__(16) GranularDownItem slots[kStages];
@@ -169,8 +170,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sB = sA + kStages * kATileBytes;
   const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
   const uint32_t staged0 = smem_u32(&epi_bars[0]), drained0 = smem_u32(&epi_bars[2]);
+  // By expert, the schedule's offsets follow the staging area (as in the 128-row kernel).
+  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + kGranDownStagingBytes) : nullptr;
   const WorkGrid grid =
-      make_work_grid<false>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, nullptr, false);
+      make_work_grid<false>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched, false);
   if (threadIdx.x == 0) {
     for (int c = 0; c < 2; ++c) {
       mbar_init(staged0 + 8 * c, 128);
@@ -196,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       while (w < grid.items) {
         int32_t claimed = -1;  // the next item (lane 0), claimed at k step claim_kt of this one
         const WorkItem wi = work_item<false>(w, grid);
-        const int e = expert_of_tile(padded_offsets, experts, wi.m0);
+        const int e = wi.expert >= 0 ? wi.expert : expert_of_tile(padded_offsets, experts, wi.m0);
         const int64_t seg = padded_offsets[e];
         const int tiles = int((padded_offsets[e + 1] - seg) / kBM);
         int64_t row0;
@@ -329,7 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)padded_offsets, (void)expert_counts, (void)pair_row, (void)pair_weight, (void)out, (void)experts,
-      (void)hidden, (void)ffn, (void)work_counters, (void)group_tiles, (void)flush_step, (void)claim_kt;
+      (void)hidden, (void)ffn, (void)work_counters, (void)group_tiles, (void)flush_step, (void)claim_kt,
+      (void)by_expert;
 #endif
 }
 
@@ -337,19 +341,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
-  if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_cluster_knob() > 0 ||
-      sm90_order_forced_by_expert())
-    return false;  // clusters and the by-expert order asked for: the 128-row kernel's options
+  if (p.expert_counts == nullptr || p.work_counters == nullptr || sm90_cluster_knob() > 0)
+    return false;  // clusters asked for: the 128-row kernel's option
   check_expert_problem(p, "sm90_down_granular_launch");
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int64_t items = tiles * ((p.hidden + kBN - 1) / kBN);
-  const size_t smem = sm90_dyn_smem_bytes(false, p.experts, kGranDownStagingBytes);
+  const bool by_expert = sm90_kernel_order_by_expert(p.experts, p.hidden, kGranDownStagingBytes);
+  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, kGranDownStagingBytes);
   sm90_launch(sm90_down_granular_kernel, /*cluster=*/false, pdl, items, smem, s, "sm90_down_granular_launch", tm_act,
               tm_w2, p.padded_offsets, p.expert_counts, p.pair_row, p.pair_weight, p.out, p.experts, p.hidden, p.ffn,
               p.work_counters, sm90_group_tiles(), sm90_down_flush_step(p.ffn / kBK),
-              sm90_granular_claim_kt(p.ffn / kBK));
+              sm90_granular_claim_kt(p.ffn / kBK), by_expert ? 1 : 0);
   return true;
 }
 

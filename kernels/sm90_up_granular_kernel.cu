@@ -12,12 +12,13 @@
 // rows per expert and the expert's tiles stay equal in length; the act rows of the segment past the
 // granular ones are written as zeros (DOWN computes them and drops them; zeros keep that cheap).
 //
-// Items (tile, column block) are the 128-row kernel's global order (WorkGrid, no tail split, no
-// padding halves), but CLAIMED in that order from work_counters[0] instead of the static b, b + grid,
-// ... walk: items of different N make statically striped CTAs drift apart, and the CTAs reading one
-// weight slice then no longer meet in L2 (prototype: +10% at 7168/T=2k). Thread 0 claims the next
-// item three K steps before the current one ends (sm90_granular_claim_kt), so a CTA starts an item a
-// few stages after claiming it, and items claimed in a row start together.
+// Items (tile, column block) are the 128-row kernel's order (WorkGrid: global, or by expert with the
+// schedule's offsets after the staging boxes; no tail split, no padding halves), but CLAIMED in that
+// order from work_counters[0] instead of the static b, b + grid, ... walk: items of different N make
+// statically striped CTAs drift apart, and the CTAs reading one weight slice then no longer meet in
+// L2 (prototype: +10% at 7168/T=2k). Thread 0 claims the next item three K steps before the current
+// one ends (sm90_granular_claim_kt), so a CTA starts an item a few stages after claiming it, and
+// items claimed in a row start together.
 // The producer ends with an end marker in the item slot; the CTA that retires last resets the
 // counters. Every consumer thread arrives on the empty barriers (release_stage), which also orders
 // the slot reads against the marker.
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                             const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                             __nv_bfloat16* __restrict__ act, int32_t* __restrict__ work_counters, int group_tiles,
                             int silu_tanh_form, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                            int claim_kt) {
+                            int claim_kt, int by_expert) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];
   __shared__ __align__(16) GranularItem slots[kStages];
@@ -119,7 +120,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t sB = sA + kStages * kATileBytes;  // kStages x [256 W1 rows][64] bf16
   const uint32_t staging = sA + kStages * kStageBytes;  // 2 x [128 tokens][64 columns] bf16
   const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
-  const WorkGrid grid = make_work_grid<false>(ffn / 128, padded_offsets, experts, group_tiles, nullptr, false);
+  // By expert, the schedule's offsets follow the staging boxes (as in the 128-row kernel); items are
+  // then claimed in the by-expert order, so a group's CTAs never straddle two experts' weights.
+  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(ring + kStages * kStageBytes + kUpStagingBytes) : nullptr;
+  const WorkGrid grid = make_work_grid<false>(ffn / 128, padded_offsets, experts, group_tiles, sched, false);
   init_ring_barriers<false>(full0, empty0, 1 + 128);  // thread 0's expect_tx + one cp.async arrival per thread
   // As in the 128-row UP kernel: let the DOWN grid (PDL) launch once every CTA has started; DOWN reads
   // act only after griddepcontrol.wait, which waits for this whole grid.
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t it = 0;
     while (w < grid.items) {
       const WorkItem wi = work_item<false>(w, grid);
-      const int e = expert_of_tile(padded_offsets, experts, wi.m0);
+      const int e = wi.expert >= 0 ? wi.expert : expert_of_tile(padded_offsets, experts, wi.m0);
       const int64_t seg = padded_offsets[e];
       const int tiles = int((padded_offsets[e + 1] - seg) / kBM);
       const int i = int((wi.m0 - seg) / kBM);
@@ -243,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   (void)padded_offsets, (void)expert_counts, (void)experts, (void)hidden, (void)ffn, (void)x, (void)x_rows,
       (void)pair_row, (void)act, (void)work_counters, (void)group_tiles, (void)silu_tanh_form, (void)zero_out,
-      (void)zero_chunks, (void)claim_kt;
+      (void)zero_chunks, (void)claim_kt, (void)by_expert;
 #endif
 }
 
@@ -252,19 +256,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
   if (p.x == nullptr || p.expert_counts == nullptr || p.work_counters == nullptr) return false;
-  // Clusters or the by-expert order asked for explicitly: the 128-row kernel's options.
-  if (sm90_cluster_knob() == 1 || sm90_order_forced_by_expert()) return false;
+  // Clusters asked for explicitly: the 128-row kernel's option.
+  if (sm90_cluster_knob() == 1) return false;
   check_expert_problem(p, "sm90_up_granular_launch");
   CUtensorMap tm_w1;
   if (!try_make_w1_folded_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1)) return false;
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int64_t items = tiles * (p.ffn / 128);
-  const size_t smem = sm90_dyn_smem_bytes(false, p.experts, kUpStagingBytes);
+  const bool by_expert = sm90_kernel_order_by_expert(p.experts, p.hidden, kUpStagingBytes);
+  const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, kUpStagingBytes);
   sm90_launch(sm90_up_granular_kernel, /*cluster=*/false, /*pdl=*/false, items, smem, s, "sm90_up_granular_launch",
               tm_w1, p.padded_offsets, p.expert_counts, p.experts, p.hidden, p.ffn, p.x, p.x_rows, p.pair_row, p.act,
               p.work_counters, sm90_group_tiles(), sm90_up_silu_tanh() ? 1 : 0, p.zero_out ? p.out : nullptr,
               p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
-              sm90_granular_claim_kt(p.hidden / kBK));
+              sm90_granular_claim_kt(p.hidden / kBK), by_expert ? 1 : 0);
   return true;
 }
 

@@ -469,6 +469,23 @@ const std::vector<Variant>& variants() {
       {"GranularDownFlushAfterLoopZipfE64K8H4096F768T1024", "0", "16",
        with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 121), nullptr, "EPMOE_SM90_DOWN_TILES", "granular",
        "EPMOE_SM90_DOWN_FLUSH_STEP", "1000"},
+      // The granular kernels in the by-expert order (claims follow the by-expert schedule: the default
+      // at hidden >= 4096, so every granular case above at 4096 / 7168 runs it too): small cases for
+      // the sanitizers (one and several items per CTA), groups of 2 and 3 tiles splitting experts,
+      // skew with empty experts, graph replays; and the global order pinned at 7168.
+      {"GranularBothByExpertSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 122),
+       "expert", "EPMOE_SM90_DOWN_TILES", "granular", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothByExpertSmallMultiItemGroup3E4K2H1024F1024T4096", "0", "3",
+       with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 123), "expert", "EPMOE_SM90_DOWN_TILES", "granular",
+       "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothByExpertGraphCapturedGroup2ZipfE32K4H2048F1024T4096", "0", "2",
+       with({32, 4, 2048, 1024, 4096, Route::zipf, 31 * 128, 32}, 124, Mode::graph), "expert",
+       "EPMOE_SM90_DOWN_TILES", "granular", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularByExpertTileEdgesE8K1H256F256T835", "0", "16",
+       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 125), "expert", "EPMOE_SM90_UP_TILES", "granular"},
+      {"GranularBothGlobalUniformE8K4H7168F2048T512", "0", "16",
+       with({8, 4, 7168, 2048, 512, Route::uniform, 0, 16}, 126), "global", "EPMOE_SM90_DOWN_TILES", "granular",
+       "EPMOE_SM90_UP_TILES", "granular"},
   };
   return v;
 }
