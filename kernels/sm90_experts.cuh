@@ -112,15 +112,17 @@ bool sm90_down_granular();
 // EPMOE_SM90_GRAN_CLAIM=end (default: num_k - 3 when num_k > 3) | first (0). Read at each call.
 int sm90_granular_claim_kt(int num_k);
 // Launches the granular UP kernel and returns true, or returns false (nothing queued) when it does
-// not apply: no x (UP from xs), no expert_counts / work_counters, clusters, the by-expert order, or
-// no folded W1 map.
+// not apply: no x (UP from xs), no expert_counts / work_counters, clusters asked for
+// (EPMOE_SM90_CLUSTER=1), or no folded W1 map. Items run in the 128-row kernels' order (by expert where
+// sm90_kernel_order_by_expert says so).
 bool sm90_up_granular_launch(const ExpertProblem& p, cudaStream_t s);
 
 // xs (or x gathered through pair_row), w1 -> act. The granular kernel where sm90_up_granular() and it
 // applies.
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // Launches the granular DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
-// returns false (nothing queued): no expert_counts / work_counters, clusters, or the by-expert order.
+// returns false (nothing queued): no expert_counts / work_counters, or clusters asked for
+// (EPMOE_SM90_CLUSTER=1 or 2). Items run in the 128-row kernels' order, as the granular UP's.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.
