@@ -517,7 +517,7 @@ const char* order_name(int hidden) {
   return epmoe::kernels::sm90_order_by_expert(32, hidden) ? "expert" : "global";
 }
 // The tile shape a kernel's knob asks for (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES, default
-// whole); the granular kernels still defer to clusters and the by-expert order.
+// whole); the granular kernels still defer to clusters asked for explicitly (EPMOE_SM90_CLUSTER).
 const char* tiles_name(bool up) {
   const bool g = up ? epmoe::kernels::sm90_up_granular() : epmoe::kernels::sm90_down_granular();
   return g ? "granular" : "whole";
