@@ -249,6 +249,7 @@ bool sm90_up_silu_tanh() { return env_choice("EPMOE_SM90_SILU", "tanh", "exp", t
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 // Default num_k / 2: same-process A/Bs (session 10) of the step against the older fixed 2.
 int sm90_down_flush_step(int num_k) { return env_int("EPMOE_SM90_DOWN_FLUSH_STEP", num_k / 2); }
+int sm90_early_decode() { return env_int("EPMOE_SM90_EARLY_DECODE", 0); }
 // Default half (session 9); steady-state blocks (session 15) half -> off 0.9981 / 1.0007 / 1.0129.
 bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off", true); }
 // Default auto (sm90_pad_halves_auto): same-process A/Bs in docs/PERF.md, session 9; steady-state

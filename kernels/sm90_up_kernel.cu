@@ -47,8 +47,9 @@ namespace epmoe::kernels {
 namespace sm90 {
 
 // Registers per thread after setmaxnreg (see the header comment): the gathering producer spilled at
-// 56-88, the consumers need 200.
-inline constexpr uint32_t kUpProducerRegs = 96, kUpConsumerRegs = 200;
+// 56-88 (and at 96 with EPMOE_SM90_EARLY_DECODE's path: both items' row pointers live across the
+// k loop), the consumers need 200.
+inline constexpr uint32_t kUpProducerRegs = 104, kUpConsumerRegs = 200;
 static_assert(setmaxnreg_split_fits(kUpProducerRegs, kUpConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
 
 #if EPMOE_SM90A_DEVICE
@@ -124,7 +125,7 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
                                                  const int32_t* __restrict__ pair_row, uint32_t sA, uint32_t sB,
                                                  uint32_t full0, uint32_t empty0, const WorkGrid& grid,
                                                  bool async_arrive, int2* item_slots, ZeroPlan& zero,
-                                                 const int32_t* pad_pair_row) {
+                                                 const int32_t* pad_pair_row, bool early) {
   const int t = int(threadIdx.x);  // 0..127
   const int chunk = t & 7, rg = t >> 3;
   const uint32_t a_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ (rg & 7)) << 4);
@@ -155,15 +156,23 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
   uint32_t valid;
   load_rows(walk.cur, src, valid);
   uint32_t it = 0;
+  // early (EPMOE_SM90_EARLY_DECODE bit 1, opt-in): the next item's decode, expert, row loads and
+  // zeroing share run after this item's first stage is issued, in the producer's slack, instead of
+  // between an item's last stage and the next one's first.
+  bool mc_next = false;
+  int e_next = early ? work_expert<kCluster>(padded_offsets, experts, walk.cur, grid, mc_next) : 0;  // whole warp
   for (; walk.cur.valid; walk.advance()) {
     const WorkItem& wi = walk.cur;
-    bool multicast;
-    const int e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
-    walk.fetch_next();
+    bool multicast = mc_next;
+    int e = e_next;
     const __nv_bfloat16* nsrc[8];
-    uint32_t nvalid;
-    load_rows(walk.next, nsrc, nvalid);
-    zero_step(zero, zero.per_item, t, kProducerThreads);
+    uint32_t nvalid = 0;
+    if (!early) {
+      e = work_expert<kCluster>(padded_offsets, experts, wi, grid, multicast);  // whole warp
+      walk.fetch_next();
+      load_rows(walk.next, nsrc, nvalid);
+      zero_step(zero, zero.per_item, t, kProducerThreads);
+    }
     for (int kt = 0; kt < num_k; ++kt, ++it) {
       const uint32_t s = it % kStages;
       if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
@@ -187,6 +196,12 @@ __device__ __forceinline__ void produce_gathered(const CUtensorMap& tm_w1, const
           fence_proxy_async_shared();
           mbar_arrive(full0 + 8 * ((it - kGatherLag) % kStages));
         }
+      }
+      if (early && kt == 0) {
+        walk.fetch_next();
+        load_rows(walk.next, nsrc, nvalid);
+        e_next = work_expert<kCluster>(padded_offsets, experts, walk.next, grid, mc_next);  // whole warp
+        zero_step(zero, zero.per_item, t, kProducerThreads);
       }
     }
 #pragma unroll
@@ -215,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                    const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert,
                    int staged_epi, int tail_split, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                   int pad_halves, int silu_tanh_form) {
+                   int pad_halves, int silu_tanh_form, int early_decode) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -266,7 +281,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int32_t* pad_pair_row = pad_halves != 0 ? pair_row : nullptr;
     if (x != nullptr) {
       produce_gathered<kCluster>(tm_w1, padded_offsets, experts, hidden, ffn, w1_folded, x, x_rows, pair_row, sA, sB,
-                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero, pad_pair_row);
+                                 full0, empty0, grid, gather_async_arrive != 0, item_slots, zero, pad_pair_row,
+                                 (early_decode & 2) != 0);
     } else if (threadIdx.x < 32) {
       if (threadIdx.x == 0) {
         tma_prefetch_desc(&tm_xs);
@@ -373,7 +389,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)tail_split,
-      (void)zero_out, (void)zero_chunks, (void)pad_halves, (void)silu_tanh_form;
+      (void)zero_out, (void)zero_chunks, (void)pad_halves, (void)silu_tanh_form, (void)early_decode;
 #endif
 }
 
@@ -443,7 +459,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
               plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split() ? 1 : 0, p.zero_out ? p.out : nullptr,
               p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), pad_halves ? 1 : 0,
-              sm90_up_silu_tanh() ? 1 : 0);
+              sm90_up_silu_tanh() ? 1 : 0, sm90_early_decode());
 }
 
 }  // namespace epmoe::kernels

@@ -486,6 +486,29 @@ const std::vector<Variant>& variants() {
       {"GranularBothGlobalUniformE8K4H7168F2048T512", "0", "16",
        with({8, 4, 7168, 2048, 512, Route::uniform, 0, 16}, 126), "global", "EPMOE_SM90_DOWN_TILES", "granular",
        "EPMOE_SM90_UP_TILES", "granular"},
+      // The producers decoding the next item after the current one's first stage
+      // (EPMOE_SM90_EARLY_DECODE=3: DOWN and the gathering UP): small cases for the sanitizers (DOWN's
+      // first item of npre == num_k stages at ffn 256, several items per CTA), tile edges by expert
+      // with padding halves, every item tail-halved, clusters with an idle rank, 7168 by expert with
+      // clusters, graph replays with in-kernel zeroing (UP's zeroing share moved), and DOWN alone.
+      {"EarlyDecodeSmallTileEdgesE8K1H256F256T835", "0", "16",
+       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 127), nullptr, "EPMOE_SM90_EARLY_DECODE", "3"},
+      {"EarlyDecodeSmallMultiItemE4K2H1024F1024T4096", "0", "16",
+       with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 128), nullptr, "EPMOE_SM90_EARLY_DECODE", "3"},
+      {"EarlyDecodeByExpertPadHalvesTileEdgesE16K2H2048F768T1670", "0", "16",
+       with({16, 2, 2048, 768, 1670, Route::tile_edges, 0, 256}, 129), "expert", "EPMOE_SM90_EARLY_DECODE", "3",
+       "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"EarlyDecodeAllTailHalvedZipfE8K2H2048F768T300", "0", "16",
+       with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 130), nullptr, "EPMOE_SM90_EARLY_DECODE", "3"},
+      {"EarlyDecodeClusterOneExpertOddTilesE8K2H2048F768T1100", "1", "16",
+       with({8, 2, 2048, 768, 1100, Route::one_expert, 128, 48}, 131), nullptr, "EPMOE_SM90_EARLY_DECODE", "3"},
+      {"EarlyDecodeClusterByExpertE32K8H7168F2048T2048", "1", "16",
+       with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 132), "expert", "EPMOE_SM90_EARLY_DECODE", "3"},
+      {"EarlyDecodeGraphCapturedZeroOutWithDropsE16K4H2048F1024T777", "0", "16",
+       zero_in_up(with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 133, Mode::graph)), nullptr,
+       "EPMOE_SM90_EARLY_DECODE", "3"},
+      {"EarlyDecodeDownOnlyZipfE32K4H2048F1024T4096", "0", "16",
+       with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 134), nullptr, "EPMOE_SM90_EARLY_DECODE", "1"},
   };
   return v;
 }
