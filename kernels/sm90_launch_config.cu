@@ -249,7 +249,14 @@ bool sm90_up_silu_tanh() { return env_choice("EPMOE_SM90_SILU", "tanh", "exp", t
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 // Default num_k / 2: same-process A/Bs (session 10) of the step against the older fixed 2.
 int sm90_down_flush_step(int num_k) { return env_int("EPMOE_SM90_DOWN_FLUSH_STEP", num_k / 2); }
-int sm90_early_decode() { return env_int("EPMOE_SM90_EARLY_DECODE", 0); }
+// Off by default: steady-state blocks (docs/PERF.md session 16, four leases) had bits 0-1 about 1%
+// faster at 2048/T=16k (inside the noise floor) and 0.5-1.4% slower at 7168/T=2k in three of four.
+int sm90_early_decode() {
+  const int bits = env_int("EPMOE_SM90_EARLY_DECODE", 0);
+  EPMOE_CHECK(bits <= 3, ErrorCode::invalid_argument,
+              "EPMOE_SM90_EARLY_DECODE must be 0..3 (bit 0 DOWN, bit 1 the gathering UP), got ", bits);
+  return bits;
+}
 // Default half (session 9); steady-state blocks (session 15) half -> off 0.9981 / 1.0007 / 1.0129.
 bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off", true); }
 // Default auto (sm90_pad_halves_auto): same-process A/Bs in docs/PERF.md, session 9; steady-state

@@ -268,6 +268,23 @@ TEST(Sm90Knobs, DownFlushStep) {
   }
 }
 
+TEST(Sm90Knobs, EarlyDecode) {
+  using epmoe::kernels::sm90_early_decode;
+  {
+    Env e("EPMOE_SM90_EARLY_DECODE", nullptr);
+    EXPECT_EQ(sm90_early_decode(), 0);  // default: the producers decode between items
+  }
+  for (int bits = 0; bits <= 3; ++bits) {
+    const std::string v = std::to_string(bits);
+    Env e("EPMOE_SM90_EARLY_DECODE", v.c_str());
+    EXPECT_EQ(sm90_early_decode(), bits);
+  }
+  for (const char* bad : {"4", "7", "-1", "down"}) {
+    Env e("EPMOE_SM90_EARLY_DECODE", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_early_decode(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 TEST(Sm90Knobs, Silu) {
   using epmoe::kernels::sm90_up_silu_tanh;
   {
