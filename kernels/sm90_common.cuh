@@ -733,6 +733,19 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
   return iv;
 }
 
+// A TMA producer thread's arming of ring use `u` (k step kt of item wi): waits until the consumers
+// released the stage's previous round, publishes the item with its first k step, and expects `bytes`
+// on the stage's full barrier. Returns the stage and (full) that barrier, for the caller's loads.
+__device__ __forceinline__ uint32_t arm_stage(uint32_t u, int kt, const WorkItem& wi, uint32_t full0, uint32_t empty0,
+                                              int2* item_slots, uint32_t bytes, uint32_t& full) {
+  const uint32_t s = u % kStages;
+  if (u >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((u / kStages) - 1) & 1u);
+  full = full0 + 8 * s;
+  if (kt == 0) publish_item(item_slots, s, wi);
+  mbar_arrive_expect_tx(full, bytes);
+  return s;
+}
+
 // A consumer thread's release of ring stage s: n arrivals (2 when it also stands in for the thread of
 // an idle warpgroup, see consume_item) on this CTA's empty barrier and, in a cluster, on the peer's
 // (its multicast writes into this ring). Every consumer thread arrives, not one lane per warp: an

@@ -167,11 +167,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       };
       // Thread 0: use `u` of the ring = k step kt of item wi, once the consumers released its stage.
       auto issue_stage = [&](uint32_t u, int kt, const WorkItem& wi, int n0, int e, bool multicast) {
-        const uint32_t s = u % kStages;
-        if (u >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((u / kStages) - 1) & 1u);
-        const uint32_t full = full0 + 8 * s;
-        if (kt == 0) publish_item(item_slots, s, wi);
-        mbar_arrive_expect_tx(full, kStageBytes);
+        uint32_t full;
+        const uint32_t s = arm_stage(u, kt, wi, full0, empty0, item_slots, kStageBytes, full);
         tma_load_2d(sA + s * kATileBytes, &tm_act, full, kt * kBK, int(wi.load_m0));
         load_w2_stage<kCluster>(&tm_w2, full, sB + s * kBTileBytes, kt * kBK, n0, hidden, e, multicast, grid.rank);
       };

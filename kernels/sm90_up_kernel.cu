@@ -299,11 +299,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         zero_step(zero, zero.per_item, int(threadIdx.x), 32);
         if (threadIdx.x == 0) {
           for (int kt = 0; kt < num_k; ++kt, ++it) {
-            const uint32_t s = it % kStages;
-            if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
-            const uint32_t full = full0 + 8 * s;
-            if (kt == 0) publish_item(item_slots, s, wi);
-            mbar_arrive_expect_tx(full, kStageBytes);
+            uint32_t full;
+            const uint32_t s = arm_stage(it, kt, wi, full0, empty0, item_slots, kStageBytes, full);
             tma_load_2d(sA + s * kATileBytes, &tm_xs, full, kt * kBK, int(wi.load_m0));
             load_w1_stage(&tm_w1, full, sB + s * kBTileBytes, kt * kBK, e, wi.nb, ffn, w1_folded, multicast,
                           grid.rank);
