@@ -188,6 +188,22 @@ __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) {
   d |= uint64_t(1) << 62;
   return d;
 }
+// The same descriptor in two words, so a k loop adds its stage and k16 offsets to the low word alone
+// (32-bit adds) instead of rebuilding and adding 64-bit descriptors per wgmma: the start address
+// field (bits 0-13, address >> 4) cannot carry into bit 16, as shared memory ends below 2^18 bytes.
+__device__ __forceinline__ uint32_t smem_desc_sw128_lo(uint32_t saddr) { return ((saddr & 0x3FFFFu) >> 4) | (1u << 16); }
+inline constexpr uint32_t kSmemDescSw128Hi = (1024u >> 4) | (1u << 30);
+__device__ __forceinline__ uint64_t smem_desc_sw128_join(uint32_t lo) {
+  return (uint64_t(kSmemDescSw128Hi) << 32) | lo;
+}
+// An opaque copy: the compiler cannot recompute the result from the shared-memory symbol it came
+// from, so a value hoisted out of a loop stays in one register instead of being rematerialized
+// (several integer instructions per k step in the consumers' issue path).
+__device__ __forceinline__ uint32_t pin_u32(uint32_t v) {
+  uint32_t r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -708,15 +724,18 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
     return iv;
   }
   const uint32_t both = iv.half != 0 ? 2u : 1u;  // arrivals per release from stage 1 on
+  const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + a_off)), db0 = pin_u32(smem_desc_sw128_lo(sB));
+  full0 = pin_u32(full0);
+  const bool fence_each_stage = pin_u32(proxy_fence ? 1u : 0u) != 0;
   for (int kt = 0; kt < num_k; ++kt, ++it) {
     const uint32_t s = it % kStages;
     if (kt > 0) mbar_wait(full0 + 8 * s, (it / kStages) & 1u);
-    if (proxy_fence) fence_proxy_async_shared();
-    const uint64_t da = smem_desc_sw128(sA + s * kATileBytes + a_off);
-    const uint64_t db = smem_desc_sw128(sB + s * kBTileBytes);
+    if (fence_each_stage) fence_proxy_async_shared();
+    const uint32_t da = da0 + s * (kATileBytes >> 4), db = db0 + s * (kBTileBytes >> 4);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) wgmma_m64n256k16_bf16(acc, da + 2 * kk, db + 2 * kk, 1);
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
     wgmma_commit();
     at_step(kt);
     if (kt == 0) {
