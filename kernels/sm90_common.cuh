@@ -180,22 +180,14 @@ __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtens
 // offset >> 4 (unused for swizzled K-major, 1 by convention); 32-45 stride byte offset >> 4 (1024 B
 // between 8-row atoms); 49-51 base offset (0: atoms 1024-aligned); 62-63 layout 1 = SWIZZLE_128B.
 // A k16 step inside the 64-wide tile advances the start address by 32 B (descriptor + 2).
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) {
-  uint64_t d = 0;
-  d |= uint64_t((saddr & 0x3FFFFu) >> 4);
-  d |= uint64_t(1) << 16;
-  d |= uint64_t(1024 >> 4) << 32;
-  d |= uint64_t(1) << 62;
-  return d;
-}
-// The same descriptor in two words, so a k loop adds its stage and k16 offsets to the low word alone
-// (32-bit adds) instead of rebuilding and adding 64-bit descriptors per wgmma: the start address
-// field (bits 0-13, address >> 4) cannot carry into bit 16, as shared memory ends below 2^18 bytes.
+// Built from two words, so a k loop can add its stage and k16 offsets to the low word alone (32-bit
+// adds): the start address field cannot carry into bit 16, as shared memory ends below 2^18 bytes.
 __device__ __forceinline__ uint32_t smem_desc_sw128_lo(uint32_t saddr) { return ((saddr & 0x3FFFFu) >> 4) | (1u << 16); }
 inline constexpr uint32_t kSmemDescSw128Hi = (1024u >> 4) | (1u << 30);
 __device__ __forceinline__ uint64_t smem_desc_sw128_join(uint32_t lo) {
   return (uint64_t(kSmemDescSw128Hi) << 32) | lo;
 }
+__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) { return smem_desc_sw128_join(smem_desc_sw128_lo(saddr)); }
 // An opaque copy: the compiler cannot recompute the result from the shared-memory symbol it came
 // from, so a value hoisted out of a loop stays in one register instead of being rematerialized
 // (several integer instructions per k step in the consumers' issue path).
