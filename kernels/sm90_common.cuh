@@ -716,6 +716,8 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
     return iv;
   }
   const uint32_t both = iv.half != 0 ? 2u : 1u;  // arrivals per release from stage 1 on
+  // Loop invariants pinned (pin_u32): the descriptors' low words, the full-barrier base and the fence
+  // flag would otherwise be recomputed from the shared-memory symbol / kernel parameters every step.
   const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + a_off)), db0 = pin_u32(smem_desc_sw128_lo(sB));
   full0 = pin_u32(full0);
   const bool fence_each_stage = pin_u32(proxy_fence ? 1u : 0u) != 0;
