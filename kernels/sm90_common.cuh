@@ -374,6 +374,14 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t sr
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Bulk copy of `bytes` (a multiple of 16) from this CTA's shared memory to a cluster peer's: dst and
+// bar are shared::cluster addresses (mapa_shared); the peer's mbarrier `bar` gets complete_tx(bytes)
+// once they have landed. src is read through the async proxy (fence generic writes to it first).
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t dst, uint32_t src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "r"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 // The source shared memory of all committed bulk stores may be rewritten.
 __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // All committed bulk stores have completed (their global writes done).

@@ -25,6 +25,7 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
+//   EPMOE_SM90_UP_SHARE_A=on|off  the gathering UP as pairs sharing the A tile (see below)
 //   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles (the
 //                            default), or swap-AB on token-granular tiles (below)
 //   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
@@ -96,6 +97,11 @@ int sm90_early_decode();
 // act that runs on under the next item; "direct" - quad transpose and 16-byte stores from registers.
 // EPMOE_SM90_UP_EPILOGUE=staged|direct.
 bool sm90_up_staged_epilogue();
+// The gathering UP as 2-CTA clusters that share each gathered A tile (sm90_up_pair_kernel: each CTA
+// gathers 64 of its 128 rows and copies them into the peer) - opt-in, EPMOE_SM90_UP_SHARE_A=on|off
+// (default off). Used where the gathering UP would run single CTAs with the staged epilogue and
+// ffn % 256 == 0; elsewhere the knob changes nothing.
+bool sm90_up_share_a();
 // UP's SwiGLU: "tanh" (the default) - silu(x) = h + h tanh(h), h = x/2, one tanh.approx per element -
 // or "exp" - x * rcp(1 + exp(-x)), ex2 and rcp. EPMOE_SM90_SILU=tanh|exp.
 bool sm90_up_silu_tanh();

@@ -34,6 +34,7 @@
 // at 56, at 72-80 once it carried the by-expert decode, and at 88 with the padding-half flag rows.
 // The consumers do not decode items (the producer hands them over per stage, publish_item), so 200
 // leave them spill-free.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -390,6 +391,206 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+#if EPMOE_SM90A_DEVICE
+// ---- pairs sharing the gathered A tile (opt-in: EPMOE_SM90_UP_SHARE_A=on) ----------------------
+// The gathering UP with 2-CTA clusters whose CTAs take the SAME row tile and the two column blocks
+// 2jp and 2jp + 1: each CTA gathers only its 64 rows of the A tile with cp.async (warps 0-1 of the
+// producer warpgroup, 8 rows per thread) and a forwarder thread copies that half into the peer's ring
+// (one 8 KB shared::cta -> shared::cluster bulk copy per stage, completing on the peer's full barrier);
+// W1 is loaded by each CTA for its own column block. Why: per CTA this halves the cp.async copies and
+// the gather's global reads; timing-only builds showed the gathering UP's cost over UP from xs is in
+// those (half the copies: as fast as UP from xs), not in the shared-memory bytes written (PERF.md,
+// session 18). Global order, groups of `group` row tiles swept column-pair-major; no tail halving,
+// no padding halves; needs ffn % 256 == 0 and the staged epilogue (the launcher checks).
+// Barriers per stage: full (2 arrivals: the W1 thread's arrive.expect_tx of W1 + the peer's half, and
+// the forwarder's arrive once this CTA's half landed), half_full (64 cp.async arrivals: this CTA's
+// half landed; the forwarder waits on it), empty (both CTAs' consumers, as for the W1-multicast pairs).
+inline constexpr int kPairGatherThreads = 64;
+inline constexpr uint32_t kPairHalfBytes = kATileBytes / 2;  // 64 rows x 128 B, one CTA's half
+
+struct PairItem {
+  bool valid;
+  int64_t m0;  // the pair's row tile
+  int nb;      // this CTA's column block
+};
+__device__ __forceinline__ PairItem pair_item(int64_t w, int64_t items, int64_t tiles, int npairs, int group,
+                                              uint32_t rank) {
+  PairItem p{w < items, 0, 0};
+  if (!p.valid) return p;
+  const int64_t per_group = int64_t(group) * npairs;
+  const int64_t gi = w / per_group;
+  const int64_t r = w - gi * per_group, first = gi * group;
+  const int gs = int(tiles - first < group ? tiles - first : group);  // (a short last group)
+  p.m0 = (first + r % gs) * kBM;
+  p.nb = 2 * int(r / gs) + int(rank);
+  return p;
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_up_pair_kernel(const __grid_constant__ CUtensorMap tm_w1, const __grid_constant__ CUtensorMap tm_act,
+                        const int64_t* __restrict__ padded_offsets, int experts, int hidden, int ffn, int w1_folded,
+                        const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
+                        int group_tiles, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
+                        int silu_tanh_form) {
+#if EPMOE_SM90A_DEVICE
+  __shared__ __align__(8) uint64_t bars[3 * kStages];  // full, empty, half_full
+  __shared__ int2 item_slots[kStages];
+  extern __shared__ uint8_t dyn_smem[];
+  uint8_t* ring = align_1024(dyn_smem);
+  uint8_t* staging = ring + kStages * kStageBytes;
+
+  const int64_t tiles = padded_offsets[experts] / kBM;
+  const int npairs = ffn / 256;
+  const int group = group_tiles < 1 ? 1 : group_tiles;
+  const int64_t items = tiles * npairs;
+  const uint32_t rank = cluster_ctarank();
+  ZeroPlan zero = make_zero_plan<true>(zero_out, zero_chunks, items);
+  if (work_first<true>() >= items) {  // both CTAs of the cluster alike
+    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
+    return;
+  }
+  grid_launch_dependents();  // as in sm90_up_kernel
+
+  const uint32_t sA = smem_u32(ring), sB = sA + kStages * kATileBytes;
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
+  const uint32_t half0 = smem_u32(&bars[2 * kStages]);
+  if (threadIdx.x == 0)
+    for (int st = 0; st < kStages; ++st) mbar_init(half0 + 8 * st, kPairGatherThreads);
+  init_ring_barriers<true>(full0, empty0, 2);  // (its fence and cluster barrier cover half_full too)
+
+  const int wg = int(threadIdx.x / 128);
+  const int num_k = hidden / kBK;
+  const int64_t first = work_first<true>(), stride = work_stride<true>();
+
+  if (wg == 0) {
+    setmaxnreg_dec<kUpProducerRegs>();
+    const int t = int(threadIdx.x), warp = t / 32;
+    if (warp < 2) {
+      // ---- gatherers: rows 64 rank + rg + 8 i (i < 8) of the tile, 16-byte chunk t % 8 ----
+      const int chunk = t & 7, rg = t >> 3;  // rg 0..7 = the rows' swizzle phase (64 rank + rg + 8 i) % 8
+      const uint32_t a_dst = sA + uint32_t(64 * int(rank) + rg) * 128 + (uint32_t(chunk ^ rg) << 4);
+      const __nv_bfloat16* xc = x + chunk * 8;
+      grid_dependency_wait();
+      auto load_rows = [&](const PairItem& pi, const __nv_bfloat16* (&src)[8], uint32_t& valid) {
+        valid = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int32_t r = pi.valid ? pair_row[pi.m0 + 64 * int(rank) + rg + 8 * i] : -1;
+          const bool ok = r >= 0 && int64_t(r) < x_rows;
+          src[i] = xc + (ok ? int64_t(r) * hidden : 0);
+          valid |= ok ? (1u << i) : 0u;
+        }
+      };
+      PairItem cur = pair_item(first, items, tiles, npairs, group, rank);
+      const __nv_bfloat16* src[8];
+      uint32_t valid;
+      load_rows(cur, src, valid);
+      uint32_t it = 0;
+      for (int64_t w = first; cur.valid; w += stride) {
+        const PairItem nxt = pair_item(w + stride, items, tiles, npairs, group, rank);
+        const __nv_bfloat16* nsrc[8];
+        uint32_t nvalid;
+        load_rows(nxt, nsrc, nvalid);  // an item ahead
+        zero_step(zero, zero.per_item, t, kPairGatherThreads);
+        for (int kt = 0; kt < num_k; ++kt, ++it) {
+          const uint32_t st = it % kStages;
+          if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * st, ((it / kStages) - 1) & 1u);
+          const uint32_t dst = a_dst + st * kATileBytes;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            cp_async_16_zfill(dst + uint32_t(i) * 8 * 128, src[i] + kt * kBK, (valid >> i) & 1u ? 16u : 0u);
+          cp_async_mbar_arrive_noinc(half0 + 8 * st);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) src[i] = nsrc[i];
+        valid = nvalid;
+        cur = nxt;
+      }
+      zero_step(zero, zero.end - zero.next, t, kPairGatherThreads);
+      cp_async_wait_all();
+    } else if (t == 64) {
+      // ---- forwarder: this CTA's half of each stage -> the peer's ring, once it has landed ----
+      const uint32_t a_half = sA + rank * kPairHalfBytes;
+      const uint32_t peer_a = mapa_shared(a_half, rank ^ 1u), peer_full0 = mapa_shared(full0, rank ^ 1u);
+      uint32_t it = 0;
+      for (int64_t w = first; w < items; w += stride) {
+        for (int kt = 0; kt < num_k; ++kt, ++it) {
+          const uint32_t st = it % kStages;
+          mbar_wait(half0 + 8 * st, (it / kStages) & 1u);
+          fence_proxy_async_shared();  // the gatherers' cp.async writes, before the bulk copy reads them
+          bulk_copy_to_peer(peer_a + st * kATileBytes, a_half + st * kATileBytes, kPairHalfBytes, peer_full0 + 8 * st);
+          mbar_arrive(full0 + 8 * st);  // this CTA's half is here
+        }
+      }
+    } else if (warp == 3) {
+      // ---- W1: the whole warp finds the expert, lane 0 arms the stages and loads ----
+      if (t == 96) tma_prefetch_desc(&tm_w1);
+      uint32_t it = 0;
+      for (int64_t w = first; w < items; w += stride) {
+        const PairItem pi = pair_item(w, items, tiles, npairs, group, rank);
+        const int e = expert_of_tile(padded_offsets, experts, pi.m0);  // whole warp
+        if (t == 96) {
+          WorkItem wi{};
+          wi.valid = true;
+          wi.m0 = wi.base = wi.load_m0 = pi.m0;
+          wi.nb = pi.nb;
+          wi.compute = true;
+          for (int kt = 0; kt < num_k; ++kt, ++it) {
+            uint32_t full;
+            const uint32_t st = arm_stage(it, kt, wi, full0, empty0, item_slots, kBTileBytes + kPairHalfBytes, full);
+            load_w1_stage(&tm_w1, full, sB + st * kBTileBytes, kt * kBK, e, pi.nb, ffn, w1_folded, false, rank);
+          }
+        }
+        __syncwarp();
+      }
+    }
+    __syncwarp();  // (warp 2's idle lanes reconverge with the forwarder before the cluster barrier)
+  } else {
+    // ---- consumers: as in sm90_up_kernel (staged epilogue), releasing to both CTAs ----
+    setmaxnreg_inc<kUpConsumerRegs>();
+    const int c = wg - 1;
+    const int warp = int(threadIdx.x / 32) & 3;
+    const int lane = int(threadIdx.x & 31);
+    const uint32_t a_off = uint32_t(c) * 64 * 128;
+    const uint32_t peer_empty0 = mapa_shared(empty0, rank ^ 1u);
+    auto release = [&](uint32_t st, uint32_t n) { release_stage<true>(empty0, peer_empty0, st, n); };
+    const uint32_t stg = smem_u32(staging) + uint32_t(c) * (kUpStagingBytes / 2);
+    uint32_t it = 0;
+    for (int64_t w = first; w < items; w += stride) {
+      float acc[128];
+      const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, /*proxy_fence=*/true, c, item_slots,
+                                       release, [](const ItemView&) {}, [](int) {});
+      uint32_t words[32];
+      swiglu_words(words, acc, acc + 64, silu_tanh_form != 0);
+      if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
+      named_barrier_sync(1 + c, 128);
+      const int mi = lane >> 3, rr = lane & 7;
+      const uint32_t row_off = uint32_t(16 * warp + rr + 8 * (mi & 1)) * 128u;
+#pragma unroll
+      for (int gp = 0; gp < 8; ++gp) {
+        const uint32_t v[4] = {words[4 * gp], words[4 * gp + 1], words[4 * gp + 2], words[4 * gp + 3]};
+        const int chunk = 2 * gp + (mi >> 1);
+        stmatrix_x4(stg + uint32_t(chunk >> 3) * 8192u + row_off + (uint32_t((chunk & 7) ^ rr) << 4), v);
+      }
+      fence_proxy_async_shared();
+      named_barrier_sync(1 + c, 128);
+      if ((threadIdx.x & 127) == 0) {
+        const int row = int(iv.m0) + 64 * c;
+        tma_store_2d(&tm_act, stg, 128 * iv.nb, row);
+        tma_store_2d(&tm_act, stg + 8192u, 128 * iv.nb + 64, row);
+        bulk_commit();
+      }
+    }
+    if ((threadIdx.x & 127) == 0) bulk_wait_all();
+  }
+  cluster_sync();  // no CTA leaves while its peer may still copy into it or arrive on its barriers
+#else
+  (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
+      (void)pair_row, (void)group_tiles, (void)zero_out, (void)zero_chunks, (void)silu_tanh_form;
+#endif
+}
+
 }  // namespace sm90
 
 bool sm90_experts_supported(int device) {
@@ -447,6 +648,17 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
   const bool staged = sm90_up_staged_epilogue();
+  if (gather && !cluster && staged && p.ffn % 256 == 0 && sm90_up_share_a()) {
+    // Pairs sharing the gathered A tile (sm90_up_pair_kernel): global order, plain ring + staging.
+    CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
+    const size_t smem = sm90_dyn_smem_bytes(false, p.experts, kUpStagingBytes);
+    const int64_t pair_items = std::max<int64_t>(tiles * (nj / 2), 1);
+    sm90_launch(sm90_up_pair_kernel, /*cluster=*/true, /*pdl=*/false, pair_items, smem, s, "sm90_up_launch", tm_w1,
+                tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row,
+                sm90_group_tiles(), p.zero_out ? p.out : nullptr,
+                p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0);
+    return;
+  }
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);
   const bool pad_halves = sm90_skip_pad_halves(tiles, p.experts, p.hidden, plan.items, cluster);
   CUtensorMap tm_act{};  // the staged epilogue's store map: 64x64 boxes

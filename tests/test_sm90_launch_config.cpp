@@ -305,6 +305,26 @@ TEST(Sm90Knobs, Silu) {
   }
 }
 
+TEST(Sm90Knobs, UpShareA) {
+  using epmoe::kernels::sm90_up_share_a;
+  {
+    Env e("EPMOE_SM90_UP_SHARE_A", nullptr);
+    EXPECT_FALSE(sm90_up_share_a());  // opt-in
+  }
+  {
+    Env e("EPMOE_SM90_UP_SHARE_A", "on");
+    EXPECT_TRUE(sm90_up_share_a());
+  }
+  {
+    Env e("EPMOE_SM90_UP_SHARE_A", "off");
+    EXPECT_FALSE(sm90_up_share_a());
+  }
+  for (const char* bad : {"On", "1", "share"}) {
+    Env e("EPMOE_SM90_UP_SHARE_A", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_up_share_a(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 TEST(Sm90Knobs, Epilogues) {
   check_epilogue_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue);
   check_epilogue_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue);

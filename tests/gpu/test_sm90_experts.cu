@@ -509,6 +509,37 @@ const std::vector<Variant>& variants() {
        "EPMOE_SM90_EARLY_DECODE", "3"},
       {"EarlyDecodeDownOnlyZipfE32K4H2048F1024T4096", "0", "16",
        with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 134), nullptr, "EPMOE_SM90_EARLY_DECODE", "1"},
+      // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
+      // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
+      // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,
+      // dropped slots, one expert, groups of 3 (short last groups), graph replays with in-kernel
+      // zeroing, one cluster per item, hidden 4096 and 7168 (T=1), ffn 768 (3 column pairs), and
+      // ffn 640 (an odd column-block count: the 128-row kernel runs instead).
+      {"ShareASmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 150), nullptr,
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareASmallMultiItemE4K2H1024F1024T4096", "0", "16", with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 151),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareATileEdgesE16K2H2048F768T1670", "0", "16", with({16, 2, 2048, 768, 1670, Route::tile_edges, 128, 256}, 152),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAZipfE32K4H2048F1024T4096", "0", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 153), nullptr,
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAWithDropsE16K4H2048F1024T777", "0", "16", with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 154),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAOneExpertE8K2H2048F768T1000", "0", "16", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 155),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAGroup3ZipfE32K4H2048F1024T4096", "0", "3", with({32, 4, 2048, 1024, 4096, Route::zipf, 0, 48}, 156),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAGraphCapturedZeroOutE32K4H2048F1024T4096", "0", "16",
+       zero_in_up(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 157, Mode::graph)), nullptr,
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareANonPersistentZipfE16K4H2048F1024T2048", "0", "16", with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 158),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on", "EPMOE_SM90_PERSISTENT", "0"},
+      {"ShareAZipfE64K8H4096F768T1024", "0", "16", with({64, 8, 4096, 768, 1024, Route::zipf, 0, 16}, 159), nullptr,
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAUniformE4K2H7168F2048T1", "0", "16", with({4, 2, 7168, 2048, 1, Route::uniform, 130, 1}, 160), nullptr,
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAOddColumnBlocksE4K2H256F640T300", "0", "16", with({4, 2, 256, 640, 300, Route::uniform, 0, 64}, 161),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
   };
   return v;
 }
