@@ -25,7 +25,7 @@
 //   EPMOE_SM90_GATHER_ARRIVE=async|wait  how the gathering producer signals its rows (see below)
 //   EPMOE_SM90_UP_EPILOGUE=staged|direct, EPMOE_SM90_DOWN_EPILOGUE=staged|direct  (see below)
 //   EPMOE_SM90_SILU=tanh|exp  UP's SwiGLU form (see below)
-//   EPMOE_SM90_UP_SHARE_A=on|off  the gathering UP as pairs sharing the A tile (see below)
+//   EPMOE_SM90_UP_SHARE_A=auto|on|off  the gathering UP as pairs sharing the A tile (see below)
 //   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles (the
 //                            default), or swap-AB on token-granular tiles (below)
 //   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
@@ -98,10 +98,12 @@ int sm90_early_decode();
 // EPMOE_SM90_UP_EPILOGUE=staged|direct.
 bool sm90_up_staged_epilogue();
 // The gathering UP as 2-CTA clusters that share each gathered A tile (sm90_up_pair_kernel: each CTA
-// gathers 64 of its 128 rows and copies them into the peer) - opt-in, EPMOE_SM90_UP_SHARE_A=on|off
-// (default off). Used where the gathering UP would run single CTAs with the staged epilogue and
-// ffn % 256 == 0; elsewhere the knob changes nothing.
-bool sm90_up_share_a();
+// gathers 64 of its 128 rows and copies them into the peer): EPMOE_SM90_UP_SHARE_A=off|on|auto -> 0,
+// 1, 2 (the default). Pairs need the gathering UP on single CTAs (no weight-multicast clusters) with
+// the staged epilogue and ffn % 256 == 0; "on" then always uses them, "auto" only where the 128-row
+// kernel would run the global order (hidden < 4096 by default) with its default gather signalling
+// (async), no early decoding of the gathering producer and padding halves not forced to skip.
+int sm90_up_share_a_mode();
 // UP's SwiGLU: "tanh" (the default) - silu(x) = h + h tanh(h), h = x/2, one tanh.approx per element -
 // or "exp" - x * rcp(1 + exp(-x)), ex2 and rcp. EPMOE_SM90_SILU=tanh|exp.
 bool sm90_up_silu_tanh();

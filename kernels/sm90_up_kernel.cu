@@ -648,7 +648,11 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
   const bool staged = sm90_up_staged_epilogue();
-  if (gather && !cluster && staged && p.ffn % 256 == 0 && sm90_up_share_a()) {
+  const int share_a = sm90_up_share_a_mode();  // 0 off, 1 on, 2 auto
+  const bool pairs_fit = gather && !cluster && staged && p.ffn % 256 == 0;
+  const bool pairs_auto = share_a == 2 && !sm90_kernel_order_by_expert(p.experts, p.hidden, kUpStagingBytes) &&
+                          sm90_gather_async_arrive() && (sm90_early_decode() & 2) == 0 && sm90_pad_halves_mode() != 1;
+  if (pairs_fit && (share_a == 1 || pairs_auto)) {
     // Pairs sharing the gathered A tile (sm90_up_pair_kernel): global order, plain ring + staging.
     CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
     const size_t smem = sm90_dyn_smem_bytes(false, p.experts, kUpStagingBytes);

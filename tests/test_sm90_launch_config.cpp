@@ -306,22 +306,19 @@ TEST(Sm90Knobs, Silu) {
 }
 
 TEST(Sm90Knobs, UpShareA) {
-  using epmoe::kernels::sm90_up_share_a;
+  using epmoe::kernels::sm90_up_share_a_mode;
   {
     Env e("EPMOE_SM90_UP_SHARE_A", nullptr);
-    EXPECT_FALSE(sm90_up_share_a());  // opt-in
+    EXPECT_EQ(sm90_up_share_a_mode(), 2);  // default auto
   }
-  {
-    Env e("EPMOE_SM90_UP_SHARE_A", "on");
-    EXPECT_TRUE(sm90_up_share_a());
-  }
-  {
-    Env e("EPMOE_SM90_UP_SHARE_A", "off");
-    EXPECT_FALSE(sm90_up_share_a());
+  const std::pair<const char*, int> values[] = {{"off", 0}, {"on", 1}, {"auto", 2}};
+  for (const auto& [value, mode] : values) {
+    Env e("EPMOE_SM90_UP_SHARE_A", value);
+    EXPECT_EQ(sm90_up_share_a_mode(), mode) << value;
   }
   for (const char* bad : {"On", "1", "share"}) {
     Env e("EPMOE_SM90_UP_SHARE_A", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_up_share_a(); }), epmoe::ErrorCode::invalid_argument) << bad;
+    EXPECT_EQ(code_of([] { (void)sm90_up_share_a_mode(); }), epmoe::ErrorCode::invalid_argument) << bad;
   }
 }
 

@@ -22,6 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -661,6 +662,9 @@ int main(int argc, char** argv) {
     std::printf("# tiles: UP %s, DOWN %s (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES: whole = 128-row tiles, "
                 "granular = swap-AB token-granular tiles)\n",
                 tiles_name(true), tiles_name(false));
+    std::printf("# gathering UP: EPMOE_SM90_UP_SHARE_A=%s (auto: 2-CTA pairs sharing each gathered A tile where the "
+                "128-row kernel runs the global order, hidden < 4096)\n",
+                std::array<const char*, 3>{"off", "on", "auto"}[size_t(epmoe::kernels::sm90_up_share_a_mode())]);
     std::printf("# full zeroes out %s; zero ms: the output memset alone; serial ms: the full layer with it on the main "
                 "stream (no overlap)\n",
                 bench_zero_in_up() ? "in the UP kernel (EPMOE_BENCH_ZERO=up)" : "on a side stream (EPMOE_BENCH_ZERO=side)");
