@@ -100,9 +100,9 @@ bool sm90_up_staged_epilogue();
 // The gathering UP as 2-CTA clusters that share each gathered A tile (sm90_up_pair_kernel: each CTA
 // gathers 64 of its 128 rows and copies them into the peer): EPMOE_SM90_UP_SHARE_A=off|on|auto -> 0,
 // 1, 2 (the default). Pairs need the gathering UP on single CTAs (no weight-multicast clusters) with
-// the staged epilogue and ffn % 256 == 0; "on" then always uses them, "auto" only where the 128-row
-// kernel would run the global order (hidden < 4096 by default) with its default gather signalling
-// (async), no early decoding of the gathering producer and padding halves not forced to skip.
+// the staged epilogue and ffn % 256 == 0 (they run the order the 128-row kernel would: global, or by
+// expert); "on" then always uses them, "auto" only with the default gather signalling (async), no
+// early decoding of the gathering producer and padding halves not forced to skip.
 int sm90_up_share_a_mode();
 // UP's SwiGLU: "tanh" (the default) - silu(x) = h + h tanh(h), h = x/2, one tanh.approx per element -
 // or "exp" - x * rcp(1 + exp(-x)), ex2 and rcp. EPMOE_SM90_SILU=tanh|exp.

@@ -413,10 +413,21 @@ struct PairItem {
   int64_t m0;  // the pair's row tile
   int nb;      // this CTA's column block
 };
+// Item w of the pair grid: the global order (sched null) or by expert (sched = item_off[0..E] then
+// tile_first[0..E], build_expert_schedule over column pairs; expert_item with single-CTA units).
 __device__ __forceinline__ PairItem pair_item(int64_t w, int64_t items, int64_t tiles, int npairs, int group,
-                                              uint32_t rank) {
+                                              uint32_t rank, const int32_t* sched, int experts) {
   PairItem p{w < items, 0, 0};
   if (!p.valid) return p;
+  if (sched != nullptr) {
+    const int32_t* tile_first = sched + experts + 1;
+    const int e = expert_of_item(sched, experts, int(w));
+    const ScheduledItem si =
+        expert_item(int(w) - sched[e], tile_first[e], tile_first[e + 1] - tile_first[e], npairs, group, false, 0u);
+    p.m0 = int64_t(si.tile) * kBM;
+    p.nb = 2 * si.nb + int(rank);
+    return p;
+  }
   const int64_t per_group = int64_t(group) * npairs;
   const int64_t gi = w / per_group;
   const int64_t r = w - gi * per_group, first = gi * group;
@@ -432,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int64_t* __restrict__ padded_offsets, int experts, int hidden, int ffn, int w1_folded,
                         const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                         int group_tiles, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                        int silu_tanh_form) {
+                        int silu_tanh_form, int by_expert) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[3 * kStages];  // full, empty, half_full
   __shared__ int2 item_slots[kStages];
@@ -443,7 +454,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t tiles = padded_offsets[experts] / kBM;
   const int npairs = ffn / 256;
   const int group = group_tiles < 1 ? 1 : group_tiles;
-  const int64_t items = tiles * npairs;
+  // By expert: the schedule's offsets after the staging boxes (all threads build it; CTA barrier).
+  int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + kUpStagingBytes) : nullptr;
+  if (sched != nullptr) build_expert_schedule<false>(padded_offsets, experts, npairs, sched, sched + experts + 1);
+  const int64_t items = sched != nullptr ? int64_t(sched[experts]) : tiles * npairs;
   const uint32_t rank = cluster_ctarank();
   ZeroPlan zero = make_zero_plan<true>(zero_out, zero_chunks, items);
   if (work_first<true>() >= items) {  // both CTAs of the cluster alike
@@ -482,13 +496,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           valid |= ok ? (1u << i) : 0u;
         }
       };
-      PairItem cur = pair_item(first, items, tiles, npairs, group, rank);
+      PairItem cur = pair_item(first, items, tiles, npairs, group, rank, sched, experts);
       const __nv_bfloat16* src[8];
       uint32_t valid;
       load_rows(cur, src, valid);
       uint32_t it = 0;
       for (int64_t w = first; cur.valid; w += stride) {
-        const PairItem nxt = pair_item(w + stride, items, tiles, npairs, group, rank);
+        const PairItem nxt = pair_item(w + stride, items, tiles, npairs, group, rank, sched, experts);
         const __nv_bfloat16* nsrc[8];
         uint32_t nvalid;
         load_rows(nxt, nsrc, nvalid);  // an item ahead
@@ -528,7 +542,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t == 96) tma_prefetch_desc(&tm_w1);
       uint32_t it = 0;
       for (int64_t w = first; w < items; w += stride) {
-        const PairItem pi = pair_item(w, items, tiles, npairs, group, rank);
+        const PairItem pi = pair_item(w, items, tiles, npairs, group, rank, sched, experts);
         const int e = expert_of_tile(padded_offsets, experts, pi.m0);  // whole warp
         if (t == 96) {
           WorkItem wi{};
@@ -587,7 +601,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   cluster_sync();  // no CTA leaves while its peer may still copy into it or arrive on its barriers
 #else
   (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
-      (void)pair_row, (void)group_tiles, (void)zero_out, (void)zero_chunks, (void)silu_tanh_form;
+      (void)pair_row, (void)group_tiles, (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)by_expert;
 #endif
 }
 
@@ -650,17 +664,19 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const bool staged = sm90_up_staged_epilogue();
   const int share_a = sm90_up_share_a_mode();  // 0 off, 1 on, 2 auto
   const bool pairs_fit = gather && !cluster && staged && p.ffn % 256 == 0;
-  const bool pairs_auto = share_a == 2 && !sm90_kernel_order_by_expert(p.experts, p.hidden, kUpStagingBytes) &&
-                          sm90_gather_async_arrive() && (sm90_early_decode() & 2) == 0 && sm90_pad_halves_mode() != 1;
+  const bool pairs_auto = share_a == 2 && sm90_gather_async_arrive() && (sm90_early_decode() & 2) == 0 &&
+                          sm90_pad_halves_mode() != 1;
   if (pairs_fit && (share_a == 1 || pairs_auto)) {
-    // Pairs sharing the gathered A tile (sm90_up_pair_kernel): global order, plain ring + staging.
+    // Pairs sharing the gathered A tile (sm90_up_pair_kernel), in the order the 128-row kernel would run.
     CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
-    const size_t smem = sm90_dyn_smem_bytes(false, p.experts, kUpStagingBytes);
+    const bool by_expert = sm90_kernel_order_by_expert(p.experts, p.hidden, kUpStagingBytes);
+    const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, kUpStagingBytes);
     const int64_t pair_items = std::max<int64_t>(tiles * (nj / 2), 1);
     sm90_launch(sm90_up_pair_kernel, /*cluster=*/true, /*pdl=*/false, pair_items, smem, s, "sm90_up_launch", tm_w1,
                 tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row,
                 sm90_group_tiles(), p.zero_out ? p.out : nullptr,
-                p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0);
+                p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0,
+                by_expert ? 1 : 0);
     return;
   }
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);

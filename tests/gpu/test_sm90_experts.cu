@@ -540,6 +540,14 @@ const std::vector<Variant>& variants() {
        "EPMOE_SM90_UP_SHARE_A", "on"},
       {"ShareAOddColumnBlocksE4K2H256F640T300", "0", "16", with({4, 2, 256, 640, 300, Route::uniform, 0, 64}, 161),
        nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      // ... and in the by-expert order (the default at hidden >= 4096, so the 4096 / 7168 cases above
+      // run it too): small (sanitizers), groups of 2 splitting experts with tile edges, skew.
+      {"ShareAByExpertSmallMultiItemE4K2H1024F1024T4096", "0", "16",
+       with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 162), "expert", "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAByExpertGroup2TileEdgesE16K2H2048F768T1670", "0", "2",
+       with({16, 2, 2048, 768, 1670, Route::tile_edges, 128, 256}, 163), "expert", "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareAByExpertZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 164),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "auto"},
   };
   return v;
 }
@@ -550,7 +558,8 @@ TEST_P(Sm90Variant, MatchesReference) {
   EnvGuard group("EPMOE_SM90_GROUP", GetParam().group);
   EnvGuard order("EPMOE_SM90_ORDER", GetParam().order);
   // The variants test the 128-row kernels' paths: the gathering UP stays on single CTAs unless a
-  // variant names EPMOE_SM90_UP_SHARE_A (the named cases above run the default, pairs at hidden < 4096).
+  // variant names EPMOE_SM90_UP_SHARE_A (the named cases above run the default: pairs wherever the
+  // gathering UP runs single CTAs).
   EnvGuard share_a("EPMOE_SM90_UP_SHARE_A", "off");
   EnvGuard knob(GetParam().knob, GetParam().value);
   EnvGuard knob2(GetParam().knob2, GetParam().value2);
