@@ -221,9 +221,10 @@ bool sm90_order_forced_by_expert() { return sm90_order_mode() == 1; }
 // bench shapes; steady-state blocks (session 15) staged -> direct 1.0025 / 1.0019 / 1.0076 (7168 2k /
 // 8k, 2048 16k; docs/PERF.md).
 bool sm90_up_staged_epilogue() { return env_choice("EPMOE_SM90_UP_EPILOGUE", "staged", "direct", true); }
-// Default auto (pairs wherever the gathering UP would run single CTAs in the global order): steady-
-// state blocks (docs/PERF.md session 18) off -> on 0.9619 / 0.9758 / 0.9759 / 0.9767 (2048/16k, 64k,
-// E=128 16k, 4k; B faster in 6/6 rounds each) and 1.0052 at 7168/2k (there the by-expert order runs).
+// Default auto (pairs wherever the gathering UP would run single CTAs): steady-state blocks
+// (docs/PERF.md session 18) off -> on 0.9619 / 0.9758 / 0.9759 / 0.9767 (2048/16k, 64k, E=128 16k, 4k;
+// B faster in 6/6 rounds each), again 0.9740 (6/6) at 16k; at 7168/2k 1.0052 with the pairs in the
+// global order and 0.9976 (4/6) by expert, the order auto runs there.
 int sm90_up_share_a_mode() { return env_choice3("EPMOE_SM90_UP_SHARE_A", {"off", "on", "auto"}, 2); }
 // Tile shape per kernel: whole (128-row tiles, the default) or granular (swap-AB token-granular
 // tiles). Default whole from steady-state runs (docs/PERF.md S13-6: separate processes alternated on
