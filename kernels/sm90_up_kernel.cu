@@ -113,6 +113,32 @@ __device__ __forceinline__ void load_w1_stage(const CUtensorMap* tm_w1, uint32_t
   }
 }
 
+// The staged epilogue's store of consumer warpgroup c's 64 x 128 SwiGLU words: stmatrix into its two
+// 64x64 staging boxes at stg (the TMA's 128B-swizzled layout), then one thread stores them with TMA to
+// act rows [m0 + 64c, +64), columns [128 nb, +128) and the warpgroup goes on; the boxes are rewritten
+// only after that store has read them (checked an item later, so no wait in practice).
+__device__ __forceinline__ void store_act_staged(const CUtensorMap* tm_act, uint32_t stg, const uint32_t (&words)[32],
+                                                 int c, int warp, int lane, int64_t m0, int nb) {
+  if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
+  named_barrier_sync(1 + c, 128);
+  const int mi = lane >> 3, rr = lane & 7;
+  const uint32_t row_off = uint32_t(16 * warp + rr + 8 * (mi & 1)) * 128u;
+#pragma unroll
+  for (int gp = 0; gp < 8; ++gp) {  // gate-group pairs (2gp, 2gp + 1): words 4gp .. 4gp + 3
+    const uint32_t v[4] = {words[4 * gp], words[4 * gp + 1], words[4 * gp + 2], words[4 * gp + 3]};
+    const int chunk = 2 * gp + (mi >> 1);  // 8-column group of the 128: box chunk / 8, column chunk % 8
+    stmatrix_x4(stg + uint32_t(chunk >> 3) * 8192u + row_off + (uint32_t((chunk & 7) ^ rr) << 4), v);
+  }
+  fence_proxy_async_shared();  // the stmatrix writes, before the TMA (async proxy) reads them
+  named_barrier_sync(1 + c, 128);
+  if ((threadIdx.x & 127) == 0) {
+    const int row = int(m0) + 64 * c;
+    tma_store_2d(tm_act, stg, 128 * nb, row);
+    tma_store_2d(tm_act, stg + 8192u, 128 * nb + 64, row);
+    bulk_commit();
+  }
+}
+
 // Producer warpgroup in gather mode (all 128 threads): the A tile is gathered straight from the
 // token-ordered x by cp.async (row pair_row[r], zero rows for padding), written in the same 128B-
 // swizzled layout the TMA would produce; thread 0 also issues the W1 TMA. Thread t copies 16-byte
@@ -333,31 +359,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!iv.compute || (iv.idle(c) && iv.half != kHalfPadUpper)) continue;
       const int j = iv.nb;
 
-      if (staged_epi) {
-        // SwiGLU into this warpgroup's two 64x64 staging boxes (stmatrix, the TMA's 128B-swizzled
-        // layout), then one thread stores them with TMA and the warpgroup goes on; the boxes are
-        // rewritten only after that store has read them (checked an item later, so no wait in practice).
+      if (staged_epi) {  // SwiGLU, then the staged TMA store (store_act_staged)
         const uint32_t stg = smem_u32(staging) + uint32_t(c) * (kUpStagingBytes / 2);
         uint32_t words[32];
         swiglu_words(words, acc, acc + 64, silu_tanh_form != 0);
-        if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
-        named_barrier_sync(1 + c, 128);
-        const int mi = lane >> 3, rr = lane & 7;
-        const uint32_t row_off = uint32_t(16 * warp + rr + 8 * (mi & 1)) * 128u;
-#pragma unroll
-        for (int gp = 0; gp < 8; ++gp) {  // gate-group pairs (2gp, 2gp + 1): words 4gp .. 4gp + 3
-          const uint32_t v[4] = {words[4 * gp], words[4 * gp + 1], words[4 * gp + 2], words[4 * gp + 3]};
-          const int chunk = 2 * gp + (mi >> 1);  // 8-column group of the 128: box chunk / 8, column chunk % 8
-          stmatrix_x4(stg + uint32_t(chunk >> 3) * 8192u + row_off + (uint32_t((chunk & 7) ^ rr) << 4), v);
-        }
-        fence_proxy_async_shared();  // the stmatrix writes, before the TMA (async proxy) reads them
-        named_barrier_sync(1 + c, 128);
-        if ((threadIdx.x & 127) == 0) {
-          const int row = int(iv.m0) + 64 * c;
-          tma_store_2d(&tm_act, stg, 128 * j, row);
-          tma_store_2d(&tm_act, stg + 8192u, 128 * j + 64, row);
-          bulk_commit();
-        }
+        store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, j);
         continue;
       }
 
@@ -577,24 +583,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                        release, [](const ItemView&) {}, [](int) {});
       uint32_t words[32];
       swiglu_words(words, acc, acc + 64, silu_tanh_form != 0);
-      if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
-      named_barrier_sync(1 + c, 128);
-      const int mi = lane >> 3, rr = lane & 7;
-      const uint32_t row_off = uint32_t(16 * warp + rr + 8 * (mi & 1)) * 128u;
-#pragma unroll
-      for (int gp = 0; gp < 8; ++gp) {
-        const uint32_t v[4] = {words[4 * gp], words[4 * gp + 1], words[4 * gp + 2], words[4 * gp + 3]};
-        const int chunk = 2 * gp + (mi >> 1);
-        stmatrix_x4(stg + uint32_t(chunk >> 3) * 8192u + row_off + (uint32_t((chunk & 7) ^ rr) << 4), v);
-      }
-      fence_proxy_async_shared();
-      named_barrier_sync(1 + c, 128);
-      if ((threadIdx.x & 127) == 0) {
-        const int row = int(iv.m0) + 64 * c;
-        tma_store_2d(&tm_act, stg, 128 * iv.nb, row);
-        tma_store_2d(&tm_act, stg + 8192u, 128 * iv.nb + 64, row);
-        bulk_commit();
-      }
+      store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, iv.nb);
     }
     if ((threadIdx.x & 127) == 0) bulk_wait_all();
   }
