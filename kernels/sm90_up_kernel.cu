@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 #if EPMOE_SM90A_DEVICE
-// ---- pairs sharing the gathered A tile (opt-in: EPMOE_SM90_UP_SHARE_A=on) ----------------------
+// ---- pairs sharing the gathered A tile (EPMOE_SM90_UP_SHARE_A, default auto) ---------------------
 // The gathering UP with 2-CTA clusters whose CTAs take the SAME row tile and the two column blocks
 // 2jp and 2jp + 1: each CTA gathers only its 64 rows of the A tile with cp.async (warps 0-1 of the
 // producer warpgroup, 8 rows per thread) and a forwarder thread copies that half into the peer's ring
@@ -406,8 +406,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // W1 is loaded by each CTA for its own column block. Why: per CTA this halves the cp.async copies and
 // the gather's global reads; timing-only builds showed the gathering UP's cost over UP from xs is in
 // those (half the copies: as fast as UP from xs), not in the shared-memory bytes written (PERF.md,
-// session 18). Global order, groups of `group` row tiles swept column-pair-major; no tail halving,
-// no padding halves; needs ffn % 256 == 0 and the staged epilogue (the launcher checks).
+// session 18: the layer 2.4-3.8% faster at hidden 2048). The 128-row kernel's order (global, or by
+// expert) over (row tile, column pair) units; no tail halving, no padding halves; needs ffn % 256 ==
+// 0 and the staged epilogue (the launcher checks).
 // Barriers per stage: full (2 arrivals: the W1 thread's arrive.expect_tx of W1 + the peer's half, and
 // the forwarder's arrive once this CTA's half landed), half_full (64 cp.async arrivals: this CTA's
 // half landed; the forwarder waits on it), empty (both CTAs' consumers, as for the W1-multicast pairs).
