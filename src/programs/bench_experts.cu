@@ -662,8 +662,8 @@ int main(int argc, char** argv) {
     std::printf("# tiles: UP %s, DOWN %s (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES: whole = 128-row tiles, "
                 "granular = swap-AB token-granular tiles)\n",
                 tiles_name(true), tiles_name(false));
-    std::printf("# gathering UP: EPMOE_SM90_UP_SHARE_A=%s (auto: 2-CTA pairs sharing each gathered A tile where the "
-                "128-row kernel runs the global order, hidden < 4096)\n",
+    std::printf("# gathering UP: EPMOE_SM90_UP_SHARE_A=%s (auto: 2-CTA pairs sharing each gathered A tile wherever "
+                "the gathering UP runs single CTAs, i.e. not with the weight-multicast clusters)\n",
                 std::array<const char*, 3>{"off", "on", "auto"}[size_t(epmoe::kernels::sm90_up_share_a_mode())]);
     std::printf("# full zeroes out %s; zero ms: the output memset alone; serial ms: the full layer with it on the main "
                 "stream (no overlap)\n",
