@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // W1 is loaded by each CTA for its own column block. Why: per CTA this halves the cp.async copies and
 // the gather's global reads; timing-only builds showed the gathering UP's cost over UP from xs is in
 // those (half the copies: as fast as UP from xs), not in the shared-memory bytes written (PERF.md,
-// session 18: the layer 2.4-3.8% faster at hidden 2048). The 128-row kernel's order (global, or by
+// session 18: the layer 2.3-3.8% faster at hidden 2048). The 128-row kernel's order (global, or by
 // expert) over (row tile, column pair) units; no tail halving, no padding halves; needs ffn % 256 ==
 // 0 and the staged epilogue (the launcher checks).
 // Barriers per stage: full (2 arrivals: the W1 thread's arrive.expect_tx of W1 + the peer's half, and
