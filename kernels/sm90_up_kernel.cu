@@ -34,7 +34,6 @@
 // at 56, at 72-80 once it carried the by-expert decode, and at 88 with the padding-half flag rows.
 // The consumers do not decode items (the producer hands them over per stage, publish_item), so 200
 // leave them spill-free.
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -658,15 +657,14 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
                           sm90_pad_halves_mode() != 1;
   if (pairs_fit && (share_a == 1 || pairs_auto)) {
     // Pairs sharing the gathered A tile (sm90_up_pair_kernel), in the order the 128-row kernel would run.
+    // Its units are single row tiles with nj / 2 column pairs each: the single-CTA plan over those.
     CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
-    const bool by_expert = sm90_kernel_order_by_expert(p.experts, p.hidden, kUpStagingBytes);
-    const size_t smem = sm90_dyn_smem_bytes(by_expert, p.experts, kUpStagingBytes);
-    const int64_t pair_items = std::max<int64_t>(tiles * (nj / 2), 1);
-    sm90_launch(sm90_up_pair_kernel, /*cluster=*/true, /*pdl=*/false, pair_items, smem, s, "sm90_up_launch", tm_w1,
-                tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row,
-                sm90_group_tiles(), p.zero_out ? p.out : nullptr,
+    const Sm90LaunchPlan pair_plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj / 2, false, kUpStagingBytes);
+    sm90_launch(sm90_up_pair_kernel, /*cluster=*/true, /*pdl=*/false, pair_plan.items, pair_plan.smem, s,
+                "sm90_up_launch", tm_w1, tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x,
+                p.x_rows, p.pair_row, sm90_group_tiles(), p.zero_out ? p.out : nullptr,
                 p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0,
-                by_expert ? 1 : 0);
+                pair_plan.by_expert ? 1 : 0);
     return;
   }
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);
