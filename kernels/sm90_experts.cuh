@@ -110,6 +110,8 @@ bool sm90_up_silu_tanh();
 // The last wave's items halved (TailSplit in sm90_schedule.cuh; global order, single CTAs): "half"
 // (the default) or "off". EPMOE_SM90_TAIL_SPLIT=half|off.
 bool sm90_tail_split();
+// The same for the A-sharing pairs only: EPMOE_SM90_UP_PAIR_TAIL=half|off (default: as sm90_tail_split).
+bool sm90_up_pair_tail_split();
 // Tiles whose upper 64 rows are all padding run as half items (sm90_pad_halves_auto in
 // sm90_launch_config.cuh says when): 0 "compute", 1 "skip", 2 "auto" (the default), from
 // EPMOE_SM90_PAD_HALVES=compute|skip|auto.

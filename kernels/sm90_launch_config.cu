@@ -264,6 +264,13 @@ int sm90_early_decode() {
 }
 // Default half (session 9); steady-state blocks (session 15) half -> off 0.9981 / 1.0007 / 1.0129.
 bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off", true); }
+// The pairs' own last-wave halving; unset it follows EPMOE_SM90_TAIL_SPLIT (so an A/B can switch it
+// without changing DOWN's tail). Steady-state blocks off -> half (docs/PERF.md session 19): 2048/T=16k
+// 0.9892 (5/6) and 0.9918 (6/8) on two leases (A/A 1.0031), T=128k 0.9976 (6/8); 64k / E=128 16k / 4k
+// 1.0054 / 0.9982 / 1.0070 (inside the noise). The prediction was -1% at 16k (31.03 waves).
+bool sm90_up_pair_tail_split() {
+  return env_choice("EPMOE_SM90_UP_PAIR_TAIL", "half", "off", sm90_tail_split());
+}
 // Default auto (sm90_pad_halves_auto): same-process A/Bs in docs/PERF.md, session 9; steady-state
 // blocks auto -> compute at hidden 2048: 0.9893 / 0.9867 at 16k (session 14), then 0.9950 / 1.0025 /
 // 0.9987 / 1.0028 (4k, 16k, 64k, E=128 16k; session 15) - inside the A/A noise (+-1.8%), kept.

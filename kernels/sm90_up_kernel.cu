@@ -406,8 +406,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 // the gather's global reads; timing-only builds showed the gathering UP's cost over UP from xs is in
 // those (half the copies: as fast as UP from xs), not in the shared-memory bytes written (PERF.md,
 // session 18: the layer 2.3-3.8% faster at hidden 2048). The 128-row kernel's order (global, or by
-// expert) over (row tile, column pair) units; no tail halving, no padding halves; needs ffn % 256 ==
-// 0 and the staged epilogue (the launcher checks).
+// expert) over (row tile, column pair) units; in the global order the last wave's items are halved
+// (TailSplit: rows [0, 64) and [64, 128) of the tile on two clusters; each CTA then gathers and
+// forwards 32 rows and one consumer warpgroup idles); no padding halves; needs ffn % 256 == 0 and
+// the staged epilogue (the launcher checks).
 // Barriers per stage: full (2 arrivals: the W1 thread's arrive.expect_tx of W1 + the peer's half, and
 // the forwarder's arrive once this CTA's half landed), half_full (64 cp.async arrivals: this CTA's
 // half landed; the forwarder waits on it), empty (both CTAs' consumers, as for the W1-multicast pairs).
@@ -418,29 +420,21 @@ struct PairItem {
   bool valid;
   int64_t m0;  // the pair's row tile
   int nb;      // this CTA's column block
+  int half;    // kHalfWhole, or kHalfLower / kHalfUpper: the tile's rows [0, 64) / [64, 128) only
 };
-// Item w of the pair grid: the global order (sched null) or by expert (sched = item_off[0..E] then
-// tile_first[0..E], build_expert_schedule over column pairs; expert_item with single-CTA units).
-__device__ __forceinline__ PairItem pair_item(int64_t w, int64_t items, int64_t tiles, int npairs, int group,
-                                              uint32_t rank, const int32_t* sched, int experts) {
-  PairItem p{w < items, 0, 0};
-  if (!p.valid) return p;
-  if (sched != nullptr) {
-    const int32_t* tile_first = sched + experts + 1;
-    const int e = expert_of_item(sched, experts, int(w));
-    const ScheduledItem si =
-        expert_item(int(w) - sched[e], tile_first[e], tile_first[e + 1] - tile_first[e], npairs, group, false, 0u);
-    p.m0 = int64_t(si.tile) * kBM;
-    p.nb = 2 * si.nb + int(rank);
-    return p;
-  }
-  const int64_t per_group = int64_t(group) * npairs;
-  const int64_t gi = w / per_group;
-  const int64_t r = w - gi * per_group, first = gi * group;
-  const int gs = int(tiles - first < group ? tiles - first : group);  // (a short last group)
-  p.m0 = (first + r % gs) * kBM;
-  p.nb = 2 * int(r / gs) + int(rank);
-  return p;
+// Item w of the pair grid: the single-CTA schedule over row tiles x column pairs (WorkGrid built by
+// make_work_grid<false> with nn = ffn / 256; its tail halving set for the clusters) decoded by
+// work_item; CTA rank r computes column block 2 pair + r.
+__device__ __forceinline__ PairItem pair_item(const WorkItem& t, uint32_t rank) {
+  return {t.valid, t.m0, 2 * t.nb + int(rank), t.half};
+}
+// The rows of an item this CTA gathers and forwards: the first (as a byte offset in the A tile) and
+// the bytes - 64 rows of a whole item, 32 of a half item's 64.
+__device__ __forceinline__ uint32_t pair_fwd_offset(const PairItem& p, uint32_t rank) {
+  return p.half == kHalfWhole ? rank * kPairHalfBytes : uint32_t(64 * (p.half - 1) + 32 * int(rank)) * 128u;
+}
+__device__ __forceinline__ uint32_t pair_fwd_bytes(const PairItem& p) {
+  return p.half == kHalfWhole ? kPairHalfBytes : kPairHalfBytes / 2;
 }
 #endif
 
@@ -449,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int64_t* __restrict__ padded_offsets, int experts, int hidden, int ffn, int w1_folded,
                         const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                         int group_tiles, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                        int silu_tanh_form, int by_expert) {
+                        int silu_tanh_form, int by_expert, int tail_split_on) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[3 * kStages];  // full, empty, half_full
   __shared__ int2 item_slots[kStages];
@@ -457,13 +451,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ring = align_1024(dyn_smem);
   uint8_t* staging = ring + kStages * kStageBytes;
 
-  const int64_t tiles = padded_offsets[experts] / kBM;
-  const int npairs = ffn / 256;
-  const int group = group_tiles < 1 ? 1 : group_tiles;
-  // By expert: the schedule's offsets after the staging boxes (all threads build it; CTA barrier).
+  // By expert: the schedule's offsets after the staging boxes (make_work_grid builds it; CTA barrier).
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + kUpStagingBytes) : nullptr;
-  if (sched != nullptr) build_expert_schedule<false>(padded_offsets, experts, npairs, sched, sched + experts + 1);
-  const int64_t items = sched != nullptr ? int64_t(sched[experts]) : tiles * npairs;
+  WorkGrid g = make_work_grid<false>(ffn / 256, padded_offsets, experts, group_tiles, sched);
+  if (sched == nullptr && tail_split_on != 0) {  // the last wave of clusters (not of CTAs) halved
+    g.tail = tail_split(g.items, work_stride<true>());
+    g.items = g.tail.items;
+  }
+  const int64_t items = g.items;
   const uint32_t rank = cluster_ctarank();
   ZeroPlan zero = make_zero_plan<true>(zero_out, zero_chunks, items);
   if (work_first<true>() >= items) {  // both CTAs of the cluster alike
@@ -487,39 +482,51 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kUpProducerRegs>();
     const int t = int(threadIdx.x), warp = t / 32;
     if (warp < 2) {
-      // ---- gatherers: rows 64 rank + rg + 8 i (i < 8) of the tile, 16-byte chunk t % 8 ----
-      const int chunk = t & 7, rg = t >> 3;  // rg 0..7 = the rows' swizzle phase (64 rank + rg + 8 i) % 8
-      const uint32_t a_dst = sA + uint32_t(64 * int(rank) + rg) * 128 + (uint32_t(chunk ^ rg) << 4);
+      // ---- gatherers: this CTA's rows of the tile (pair_fwd_offset: 64 from row 64 rank, or a half
+      // item's 32), rows first + rg + 8 i, 16-byte chunk t % 8 ----
+      const int chunk = t & 7, rg = t >> 3;  // rg 0..7 = the rows' swizzle phase (first is a multiple of 8)
+      const uint32_t t_dst = sA + uint32_t(rg) * 128 + (uint32_t(chunk ^ rg) << 4);
       const __nv_bfloat16* xc = x + chunk * 8;
       grid_dependency_wait();
+      // Source rows of an item (bit i of valid: row i is real, else zeros; a half item has 4 rows).
       auto load_rows = [&](const PairItem& pi, const __nv_bfloat16* (&src)[8], uint32_t& valid) {
         valid = 0;
+        const int64_t r0 = pi.m0 + int64_t(pair_fwd_offset(pi, rank) / 128u) + rg;
+        const int n = pi.half == kHalfWhole ? 8 : 4;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const int32_t r = pi.valid ? pair_row[pi.m0 + 64 * int(rank) + rg + 8 * i] : -1;
+          const int32_t r = pi.valid && i < n ? pair_row[r0 + 8 * i] : -1;
           const bool ok = r >= 0 && int64_t(r) < x_rows;
           src[i] = xc + (ok ? int64_t(r) * hidden : 0);
           valid |= ok ? (1u << i) : 0u;
         }
       };
-      PairItem cur = pair_item(first, items, tiles, npairs, group, rank, sched, experts);
+      PairItem cur = pair_item(work_item<false>(first, g), rank);
       const __nv_bfloat16* src[8];
       uint32_t valid;
       load_rows(cur, src, valid);
       uint32_t it = 0;
       for (int64_t w = first; cur.valid; w += stride) {
-        const PairItem nxt = pair_item(w + stride, items, tiles, npairs, group, rank, sched, experts);
+        const PairItem nxt = pair_item(work_item<false>(w + stride, g), rank);
         const __nv_bfloat16* nsrc[8];
         uint32_t nvalid;
         load_rows(nxt, nsrc, nvalid);  // an item ahead
         zero_step(zero, zero.per_item, t, kPairGatherThreads);
+        const uint32_t a_dst = t_dst + pair_fwd_offset(cur, rank);
+        const bool whole = cur.half == kHalfWhole;
         for (int kt = 0; kt < num_k; ++kt, ++it) {
           const uint32_t st = it % kStages;
           if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * st, ((it / kStages) - 1) & 1u);
           const uint32_t dst = a_dst + st * kATileBytes;
+          if (whole) {
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
-            cp_async_16_zfill(dst + uint32_t(i) * 8 * 128, src[i] + kt * kBK, (valid >> i) & 1u ? 16u : 0u);
+            for (int i = 0; i < 8; ++i)
+              cp_async_16_zfill(dst + uint32_t(i) * 8 * 128, src[i] + kt * kBK, (valid >> i) & 1u ? 16u : 0u);
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              cp_async_16_zfill(dst + uint32_t(i) * 8 * 128, src[i] + kt * kBK, (valid >> i) & 1u ? 16u : 0u);
+          }
           cp_async_mbar_arrive_noinc(half0 + 8 * st);
         }
 #pragma unroll
@@ -530,17 +537,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       zero_step(zero, zero.end - zero.next, t, kPairGatherThreads);
       cp_async_wait_all();
     } else if (t == 64) {
-      // ---- forwarder: this CTA's half of each stage -> the peer's ring, once it has landed ----
-      const uint32_t a_half = sA + rank * kPairHalfBytes;
-      const uint32_t peer_a = mapa_shared(a_half, rank ^ 1u), peer_full0 = mapa_shared(full0, rank ^ 1u);
+      // ---- forwarder: this CTA's rows of each stage -> the peer's ring, once they have landed ----
+      const uint32_t peer_a = mapa_shared(sA, rank ^ 1u), peer_full0 = mapa_shared(full0, rank ^ 1u);
       uint32_t it = 0;
       for (int64_t w = first; w < items; w += stride) {
+        const PairItem pi = pair_item(work_item<false>(w, g), rank);
+        const uint32_t off = pair_fwd_offset(pi, rank), bytes = pair_fwd_bytes(pi);
         for (int kt = 0; kt < num_k; ++kt, ++it) {
           const uint32_t st = it % kStages;
           mbar_wait(half0 + 8 * st, (it / kStages) & 1u);
           fence_proxy_async_shared();  // the gatherers' cp.async writes, before the bulk copy reads them
-          bulk_copy_to_peer(peer_a + st * kATileBytes, a_half + st * kATileBytes, kPairHalfBytes, peer_full0 + 8 * st);
-          mbar_arrive(full0 + 8 * st);  // this CTA's half is here
+          bulk_copy_to_peer(peer_a + st * kATileBytes + off, sA + st * kATileBytes + off, bytes, peer_full0 + 8 * st);
+          mbar_arrive(full0 + 8 * st);  // this CTA's rows are here
         }
       }
     } else if (warp == 3) {
@@ -548,17 +556,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (t == 96) tma_prefetch_desc(&tm_w1);
       uint32_t it = 0;
       for (int64_t w = first; w < items; w += stride) {
-        const PairItem pi = pair_item(w, items, tiles, npairs, group, rank, sched, experts);
-        const int e = expert_of_tile(padded_offsets, experts, pi.m0);  // whole warp
+        const WorkItem wt = work_item<false>(w, g);
+        const PairItem pi = pair_item(wt, rank);
+        bool multicast;  // (always false for single-CTA units)
+        const int e = work_expert<false>(padded_offsets, experts, wt, g, multicast);  // whole warp
         if (t == 96) {
           WorkItem wi{};
           wi.valid = true;
           wi.m0 = wi.base = wi.load_m0 = pi.m0;
           wi.nb = pi.nb;
           wi.compute = true;
+          wi.half = pi.half;  // (a half item: consume_item idles the other warpgroup)
+          const uint32_t bytes = kBTileBytes + pair_fwd_bytes(pi);  // W1 and the peer's rows
           for (int kt = 0; kt < num_k; ++kt, ++it) {
             uint32_t full;
-            const uint32_t st = arm_stage(it, kt, wi, full0, empty0, item_slots, kBTileBytes + kPairHalfBytes, full);
+            const uint32_t st = arm_stage(it, kt, wi, full0, empty0, item_slots, bytes, full);
             load_w1_stage(&tm_w1, full, sB + st * kBTileBytes, kt * kBK, e, pi.nb, ffn, w1_folded, false, rank);
           }
         }
@@ -581,6 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float acc[128];
       const ItemView iv = consume_item(acc, it, num_k, full0, sA, sB, a_off, /*proxy_fence=*/true, c, item_slots,
                                        release, [](const ItemView&) {}, [](int) {});
+      if (iv.idle(c)) continue;  // the other warpgroup's half item
       uint32_t words[32];
       swiglu_words(words, acc, acc + 64, silu_tanh_form != 0);
       store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, iv.nb);
@@ -590,7 +603,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   cluster_sync();  // no CTA leaves while its peer may still copy into it or arrive on its barriers
 #else
   (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
-      (void)pair_row, (void)group_tiles, (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)by_expert;
+      (void)pair_row, (void)group_tiles, (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)by_expert,
+      (void)tail_split_on;
 #endif
 }
 
@@ -664,7 +678,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
                 "sm90_up_launch", tm_w1, tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x,
                 p.x_rows, p.pair_row, sm90_group_tiles(), p.zero_out ? p.out : nullptr,
                 p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0,
-                pair_plan.by_expert ? 1 : 0);
+                pair_plan.by_expert ? 1 : 0, sm90_up_pair_tail_split() ? 1 : 0);
     return;
   }
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);

@@ -375,6 +375,31 @@ TEST(Sm90Knobs, TailSplit) {
   }
 }
 
+// EPMOE_SM90_UP_PAIR_TAIL: the A-sharing pairs' own last-wave halving follows EPMOE_SM90_TAIL_SPLIT
+// unless set; its two values override it either way; bad values rejected.
+TEST(Sm90Knobs, UpPairTail) {
+  using epmoe::kernels::sm90_up_pair_tail_split;
+  for (const char* split : {static_cast<const char*>(nullptr), "half", "off"}) {
+    Env t("EPMOE_SM90_TAIL_SPLIT", split);
+    {
+      Env e("EPMOE_SM90_UP_PAIR_TAIL", nullptr);
+      EXPECT_EQ(sm90_up_pair_tail_split(), split == nullptr || std::string(split) == "half");
+    }
+    {
+      Env e("EPMOE_SM90_UP_PAIR_TAIL", "off");
+      EXPECT_FALSE(sm90_up_pair_tail_split());
+    }
+    {
+      Env e("EPMOE_SM90_UP_PAIR_TAIL", "half");
+      EXPECT_TRUE(sm90_up_pair_tail_split());
+    }
+  }
+  for (const char* bad : {"on", "1", "Half"}) {
+    Env e("EPMOE_SM90_UP_PAIR_TAIL", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_up_pair_tail_split(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 // EPMOE_SM90_PAD_HALVES: auto by default, the three values, bad values rejected; and the auto rule on
 // the benchmark shapes (132 SMs, 50 MB L2, group 16; tiles from the bench's capacity T*k + E*127):
 // it skips where a wave's weight streams fit in a quarter of L2 (E=32 k=4 2048/1024 at T >= 16k,

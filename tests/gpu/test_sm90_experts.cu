@@ -548,6 +548,21 @@ const std::vector<Variant>& variants() {
        with({16, 2, 2048, 768, 1670, Route::tile_edges, 128, 256}, 163), "expert", "EPMOE_SM90_UP_SHARE_A", "on"},
       {"ShareAByExpertZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 164),
        nullptr, "EPMOE_SM90_UP_SHARE_A", "auto"},
+      // ... with the last wave halved (global order, EPMOE_SM90_TAIL_SPLIT=half, the default): every
+      // item halved (a capacity far above the rows; small: also under the sanitizers), tile edges,
+      // the last wave only (T=16k), graph replays with in-kernel zeroing; and the knob off.
+      {"ShareATailSplitSmallAllHalvedE4K2H256F256T64", "0", "16",
+       with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 165), nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareATailSplitAllHalvedTileEdgesE8K1H2048F768T835", "0", "16",
+       with({8, 1, 2048, 768, 835, Route::tile_edges, 132 * 128, 256}, 166), nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareATailSplitLastWaveE32K4H2048F1024T16384", "0", "16",
+       with({32, 4, 2048, 1024, 16384, Route::uniform, 0, 48}, 167), nullptr, "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareATailSplitGraphCapturedZeroOutZipfE8K2H2048F768T300", "0", "16",
+       zero_in_up(with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 168, Mode::graph)), nullptr,
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareATailSplitOffAllHalvedE8K2H2048F768T300", "0", "16",
+       with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 169), nullptr, "EPMOE_SM90_UP_SHARE_A", "on",
+       "EPMOE_SM90_TAIL_SPLIT", "off"},
   };
   return v;
 }
