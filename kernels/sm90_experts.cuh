@@ -18,7 +18,8 @@
 //   EPMOE_SM90_W1_PLAIN=1    UP loads W1 with two rank-3 boxes per stage instead of the folded
 //                            rank-4 box (also used automatically if the driver rejects the fold)
 //   EPMOE_SM90_CLUSTER=auto|0|1|2 single CTAs / 2-CTA clusters multicasting the weight tile; auto
-//                            (default): pairs at hidden >= 4096 with >= 1024 rows per expert (sm90_cluster_mode)
+//                            (default): pairs at hidden >= 4096 with >= 1024 rows per expert (sm90_cluster_mode),
+//                            except the gathering UP, which then runs the A-sharing pairs (sm90_up_gather_form)
 //   EPMOE_SM90_GROUP=G       row tiles per scheduling group, column-block-major inside (1: tile-major)
 //   EPMOE_SM90_ORDER=auto|global|expert  groups cut from the global tile sequence or inside each
 //                            expert; auto (default): by expert at hidden >= 4096 (sm90_order_by_expert)
@@ -63,6 +64,13 @@ int sm90_cluster_knob();
 int sm90_cluster_mode(int hidden, int64_t rows_capacity, int experts);
 bool sm90_up_uses_cluster(bool gather, int hidden, int64_t rows_capacity, int experts);
 bool sm90_down_uses_cluster(int hidden, int64_t rows_capacity, int experts);
+// The gathering UP's form (sm90_up_launch): the 128-row kernel on single CTAs, its weight-multicast
+// clusters (sm90_up_uses_cluster), or the A-sharing pairs (EPMOE_SM90_UP_SHARE_A, which need the
+// staged epilogue and ffn % 256 == 0). With EPMOE_SM90_CLUSTER unset or auto the pairs take the
+// clusters' place wherever they would run (sm90_launch_config.cu says why); an explicit cluster
+// value keeps its meaning.
+enum class UpGatherForm { single, cluster, pairs };
+UpGatherForm sm90_up_gather_form(int hidden, int ffn, int64_t rows_capacity, int experts, bool staged_epilogue);
 // Row tiles per scheduling group (WorkGrid in sm90_common.cuh; 1 = tile-major order):
 // EPMOE_SM90_GROUP, else the built-in default. Read at each call.
 int sm90_group_tiles();
@@ -99,10 +107,11 @@ int sm90_early_decode();
 bool sm90_up_staged_epilogue();
 // The gathering UP as 2-CTA clusters that share each gathered A tile (sm90_up_pair_kernel: each CTA
 // gathers 64 of its 128 rows and copies them into the peer): EPMOE_SM90_UP_SHARE_A=off|on|auto -> 0,
-// 1, 2 (the default). Pairs need the gathering UP on single CTAs (no weight-multicast clusters) with
-// the staged epilogue and ffn % 256 == 0 (they run the order the 128-row kernel would: global, or by
-// expert); "on" then always uses them, "auto" only with the default gather signalling (async), no
-// early decoding of the gathering producer and padding halves not forced to skip.
+// 1, 2 (the default). Pairs need the staged epilogue and ffn % 256 == 0 (they run the order the
+// 128-row kernel would: global, or by expert); "on" then always uses them, "auto" only with the
+// default gather signalling (async), no early decoding of the gathering producer and padding halves
+// not forced to skip. Where the weight-multicast clusters would run, the pairs replace them only
+// with EPMOE_SM90_CLUSTER unset or auto (sm90_up_gather_form).
 int sm90_up_share_a_mode();
 // UP's SwiGLU: "tanh" (the default) - silu(x) = h + h tanh(h), h = x/2, one tanh.approx per element -
 // or "exp" - x * rcp(1 + exp(-x)), ex2 and rcp. EPMOE_SM90_SILU=tanh|exp.

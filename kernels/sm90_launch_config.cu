@@ -199,6 +199,20 @@ bool sm90_up_uses_cluster(bool gather, int hidden, int64_t rows_capacity, int ex
 bool sm90_down_uses_cluster(int hidden, int64_t rows_capacity, int experts) {
   return sm90_cluster_mode(hidden, rows_capacity, experts) != 0;
 }
+// Pairs before weight-multicast clusters in auto: at E=32 k=8 7168/2048 T=8k (the one bench shape where
+// the cluster rule fires) the gathering UP as pairs took 6.03 ms against 6.48 with the clusters (UP
+// from xs 6.01: the pairs remove the gather's whole extra cost there), steady-state blocks of the
+// layer 0.9763 (3/4) and 0.9687 (6/6, A/A 1.0007) on two leases (docs/PERF.md session 19). DOWN and
+// UP from xs keep the clusters.
+UpGatherForm sm90_up_gather_form(int hidden, int ffn, int64_t rows_capacity, int experts, bool staged_epilogue) {
+  const bool cluster = sm90_up_uses_cluster(true, hidden, rows_capacity, experts);
+  const int share_a = sm90_up_share_a_mode();  // 0 off, 1 on, 2 auto
+  const bool pairs_auto = share_a == 2 && sm90_gather_async_arrive() && (sm90_early_decode() & 2) == 0 &&
+                          sm90_pad_halves_mode() != 1;
+  const bool pairs = staged_epilogue && ffn % 256 == 0 && (share_a == 1 || pairs_auto);
+  if (pairs && (!cluster || sm90_cluster_knob() < 0)) return UpGatherForm::pairs;
+  return cluster ? UpGatherForm::cluster : UpGatherForm::single;
+}
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
 // The knob, the rule and the fit: the schedule's per-expert offsets must fit in shared memory next
 // to the ring and the kernel's staging buffers. Sessions 5 and 7 kept the global order because the

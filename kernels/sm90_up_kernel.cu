@@ -653,10 +653,15 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const bool gather = p.x != nullptr;
   CUtensorMap tm_xs{};
   if (!gather) tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kBM);
+  const bool staged = sm90_up_staged_epilogue();
+  // Gathering: single CTAs, weight-multicast clusters or the A-sharing pairs (sm90_up_gather_form).
+  const UpGatherForm form =
+      gather ? sm90_up_gather_form(p.hidden, p.ffn, p.rows_capacity, p.experts, staged) : UpGatherForm::single;
+  const bool cluster = gather ? form == UpGatherForm::cluster
+                              : sm90_up_uses_cluster(false, p.hidden, p.rows_capacity, p.experts);
   // The folded rank-4 map (one box per stage) unless the driver rejects it or
   // EPMOE_SM90_W1_PLAIN=1 asks for the plain rank-3 map (two boxes per stage, same smem layout).
   // The cluster variant always uses the plain map: each CTA of a pair multicasts one of its boxes.
-  const bool cluster = sm90_up_uses_cluster(gather, p.hidden, p.rows_capacity, p.experts);
   const char* plain_env = std::getenv("EPMOE_SM90_W1_PLAIN");
   const bool force_plain = cluster || (plain_env != nullptr && plain_env[0] == '1');
   CUtensorMap tm_w1;
@@ -664,12 +669,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   if (!folded) tm_w1 = make_w1_plain_map(p.w1, p.experts, p.hidden, p.ffn);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
-  const bool staged = sm90_up_staged_epilogue();
-  const int share_a = sm90_up_share_a_mode();  // 0 off, 1 on, 2 auto
-  const bool pairs_fit = gather && !cluster && staged && p.ffn % 256 == 0;
-  const bool pairs_auto = share_a == 2 && sm90_gather_async_arrive() && (sm90_early_decode() & 2) == 0 &&
-                          sm90_pad_halves_mode() != 1;
-  if (pairs_fit && (share_a == 1 || pairs_auto)) {
+  if (form == UpGatherForm::pairs) {
     // Pairs sharing the gathered A tile (sm90_up_pair_kernel), in the order the 128-row kernel would run.
     // Its units are single row tiles with nj / 2 column pairs each: the single-CTA plan over those.
     CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);

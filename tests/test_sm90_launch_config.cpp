@@ -155,6 +155,50 @@ TEST(Sm90Knobs, ClusterModeDefaultsAndValues) {
   }
 }
 
+// sm90_up_gather_form: with clusters auto the A-sharing pairs take the weight-multicast clusters' place
+// (7168 T=8k) and run wherever the gathering UP is single (2048, 7168 T=2k); an explicit cluster value
+// keeps the clusters; without the pairs (SHARE_A=off, the direct epilogue, ffn % 256 != 0, or padding
+// halves forced to skip under auto) the 128-row kernel runs as the cluster rule says.
+TEST(Sm90Knobs, UpGatherForm) {
+  using epmoe::kernels::sm90_up_gather_form;
+  using epmoe::kernels::UpGatherForm;
+  const int64_t cap2k = 2048 * 8 + 32 * 127, cap8k = 8192 * 8 + 32 * 127;
+  Env share("EPMOE_SM90_UP_SHARE_A", nullptr);
+  {
+    Env c("EPMOE_SM90_CLUSTER", nullptr);
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::pairs);
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap2k, 32, true), UpGatherForm::pairs);
+    EXPECT_EQ(sm90_up_gather_form(2048, 1024, 1 << 20, 32, true), UpGatherForm::pairs);
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, false), UpGatherForm::cluster);  // direct epilogue
+    EXPECT_EQ(sm90_up_gather_form(7168, 640, cap8k, 32, true), UpGatherForm::cluster);    // 5 column blocks
+    EXPECT_EQ(sm90_up_gather_form(2048, 640, 1 << 20, 32, true), UpGatherForm::single);
+    {
+      Env s("EPMOE_SM90_UP_SHARE_A", "off");
+      EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::cluster);
+      EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap2k, 32, true), UpGatherForm::single);
+    }
+    {
+      Env p("EPMOE_SM90_PAD_HALVES", "skip");  // auto pairs step aside; "on" does not
+      EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::cluster);
+      Env s("EPMOE_SM90_UP_SHARE_A", "on");
+      EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::pairs);
+    }
+  }
+  {
+    Env c("EPMOE_SM90_CLUSTER", "1");
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::cluster);
+    EXPECT_EQ(sm90_up_gather_form(2048, 1024, 1 << 20, 32, true), UpGatherForm::cluster);
+    Env s("EPMOE_SM90_UP_SHARE_A", "on");
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::cluster);
+  }
+  for (const char* mode : {"0", "2"}) {
+    Env c("EPMOE_SM90_CLUSTER", mode);
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::pairs) << mode;
+    Env s("EPMOE_SM90_UP_SHARE_A", "off");
+    EXPECT_EQ(sm90_up_gather_form(7168, 2048, cap8k, 32, true), UpGatherForm::single) << mode;
+  }
+}
+
 TEST(Sm90Knobs, GroupTiles) {
   {
     Env e("EPMOE_SM90_GROUP", nullptr);

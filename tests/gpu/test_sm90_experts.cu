@@ -563,6 +563,13 @@ const std::vector<Variant>& variants() {
       {"ShareATailSplitOffAllHalvedE8K2H2048F768T300", "0", "16",
        with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 169), nullptr, "EPMOE_SM90_UP_SHARE_A", "on",
        "EPMOE_SM90_TAIL_SPLIT", "off"},
+      // ... in place of the weight-multicast clusters (EPMOE_SM90_CLUSTER unset, hidden >= 4096 with >= 1024
+      // rows per expert: sm90_up_gather_form), DOWN on clusters, by expert: uniform, and skew with 3
+      // column pairs.
+      {"AutoClusterShareAE8K2H4096F1024T4096", nullptr, "16", with({8, 2, 4096, 1024, 4096, Route::uniform, 0, 32}, 181),
+       nullptr, "EPMOE_SM90_UP_SHARE_A", "auto"},
+      {"AutoClusterShareAZipfE16K4H4096F768T4096", nullptr, "16",
+       with({16, 4, 4096, 768, 4096, Route::zipf, 0, 32}, 182), nullptr, "EPMOE_SM90_UP_SHARE_A", "auto"},
   };
   return v;
 }
