@@ -93,6 +93,7 @@ struct Result {
   double ab_a_ms = 0, ab_b_ms = 0;  // --ab: the full layer under each value (median of all its replays)
   std::vector<double> ab_block_ms;   // --ab-blocks: each block's median, in run order (A B B A A B ...)
   int cluster = 0;                   // the cluster mode the kernels ran (sm90_cluster_mode, auto resolved)
+  const char* up_gather = "single";  // the gathering UP's form (sm90_up_gather_form): single, cluster, pairs
 };
 
 double median(std::vector<float> v) {
@@ -230,6 +231,11 @@ Result run_shape(const Shape& sh, const Options& opt) {
   // Capacity the engine would size from the host-known bound: every pair plus worst-case padding.
   const int64_t cap = (T * k + int64_t(E) * (kExpertTile - 1) + kExpertTile - 1) / kExpertTile * kExpertTile;
   res.cluster = epmoe::kernels::sm90_cluster_mode(H, cap, E);
+  switch (epmoe::kernels::sm90_up_gather_form(H, F, cap, E, epmoe::kernels::sm90_up_staged_epilogue())) {
+    case epmoe::kernels::UpGatherForm::single: res.up_gather = "single"; break;
+    case epmoe::kernels::UpGatherForm::cluster: res.up_gather = "cluster"; break;
+    case epmoe::kernels::UpGatherForm::pairs: res.up_gather = "pairs"; break;
+  }
   Dev offs(size_t(E + 1) * 8), prow(size_t(cap) * 4), pw(size_t(cap) * 4);
   Dev cnts(size_t(E) * 8), counters(4 * sizeof(int32_t));  // the granular kernels' inputs (EPMOE_SM90_*_TILES)
   EPMOE_CUDA_CHECK(cudaMemcpy(offs.p, L.padded_offsets.data(), L.padded_offsets.size() * 8, cudaMemcpyHostToDevice));
@@ -543,14 +549,14 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
                  "\"down_ms\": %.6f, \"zero_ms\": %.6f, "
                  "\"full_serial_zero_ms\": %.6f, \"checked_tokens\": %d, "
                  "\"max_rel_err\": %.6g, \"rel_l2\": %.6g, \"ab_a_ms\": %.6f, \"ab_b_ms\": %.6f, "
-                 "\"up_tiles\": \"%s\", \"down_tiles\": \"%s\", \"order\": \"%s\", \"cluster\": %d}%s\n",
+                 "\"up_tiles\": \"%s\", \"down_tiles\": \"%s\", \"order\": \"%s\", \"cluster\": %d, \"up_gather\": \"%s\"}%s\n",
                  r.s.E, r.s.k, r.s.hidden, r.s.ffn, (long long)r.s.T, r.sets, r.seed_ms, tflops(r.s, r.seed_ms), r.full_ms,
                  tflops(r.s, r.full_ms), r.full_sep_ms, r.gather_ms, r.up_ms, r.up_fused_ms, r.down_ms, r.zero_ms,
                  r.full_serial_zero_ms,
                  r.checked_tokens,
                  std::isfinite(r.max_rel_err) ? r.max_rel_err : 1e30, std::isfinite(r.rel_l2) ? r.rel_l2 : 1e30,
                  r.ab_a_ms, r.ab_b_ms, tiles_name(true), tiles_name(false), order_name(r.s.hidden), r.cluster,
-                 i + 1 < rs.size() ? "," : "");
+                 r.up_gather, i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, " ]\n}\n");
   std::fclose(f);
@@ -662,8 +668,8 @@ int main(int argc, char** argv) {
     std::printf("# tiles: UP %s, DOWN %s (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES: whole = 128-row tiles, "
                 "granular = swap-AB token-granular tiles)\n",
                 tiles_name(true), tiles_name(false));
-    std::printf("# gathering UP: EPMOE_SM90_UP_SHARE_A=%s (auto: 2-CTA pairs sharing each gathered A tile wherever "
-                "the gathering UP runs single CTAs, i.e. not with the weight-multicast clusters)\n",
+    std::printf("# gathering UP: EPMOE_SM90_UP_SHARE_A=%s (auto: 2-CTA pairs sharing each gathered A tile, also in "
+                "place of the weight-multicast clusters while EPMOE_SM90_CLUSTER is auto; JSON up_gather per shape)\n",
                 std::array<const char*, 3>{"off", "on", "auto"}[size_t(epmoe::kernels::sm90_up_share_a_mode())]);
     std::printf("# full zeroes out %s; zero ms: the output memset alone; serial ms: the full layer with it on the main "
                 "stream (no overlap)\n",
