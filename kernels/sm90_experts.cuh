@@ -97,7 +97,7 @@ bool sm90_down_staged_epilogue();
 // held half 1 of its previous item (a step >= num_k: after the main loop). Default num_k / 2 (the
 // reducers get half an item per half); EPMOE_SM90_DOWN_FLUSH_STEP=<step> overrides it.
 int sm90_down_flush_step(int num_k);
-// EPMOE_SM90_EARLY_DECODE (opt-in, default 0): bit 0 DOWN's producer, bit 1 the gathering UP producer
+// EPMOE_SM90_EARLY_DECODE (default 1; 0..3): bit 0 DOWN's producer, bit 1 the gathering UP producer
 // decode the next item (and UP: load its rows, run its zeroing share) right after the current item's
 // first stage is issued, in the slack of the empty waits, instead of between two items.
 int sm90_early_decode();

@@ -268,10 +268,14 @@ bool sm90_up_silu_tanh() { return env_choice("EPMOE_SM90_SILU", "tanh", "exp", t
 bool sm90_down_staged_epilogue() { return env_choice("EPMOE_SM90_DOWN_EPILOGUE", "staged", "direct", true); }
 // Default num_k / 2: same-process A/Bs (session 10) of the step against the older fixed 2.
 int sm90_down_flush_step(int num_k) { return env_int("EPMOE_SM90_DOWN_FLUSH_STEP", num_k / 2); }
-// Off by default: steady-state blocks (docs/PERF.md session 16, four leases) had bits 0-1 about 1%
-// faster at 2048/T=16k (inside the noise floor) and 0.5-1.4% slower at 7168/T=2k in three of four.
+// Default 1 (DOWN early, session 20): steady-state blocks 0 -> 1 at 2048/T=16k were faster on all
+// five leases that measured it (0.9762 ... 0.9893 in session 16, 0.9865 in session 20; each inside the
+// +-1.8% floor, the sign never changed) and inside the noise at 64k / 4k / E=128 / 7168 (session 20:
+// 0.9972 ... 1.0015; 7168/T=2k 0.9864 / 1.0059 / 0.9994 across leases). Bit 1 (the gathering UP
+// early) stays off: 0 -> 3 was 1.4% slower at 7168/T=2k (0/8 rounds, session 16) and it keeps the
+// A-sharing pairs from running (sm90_up_gather_form).
 int sm90_early_decode() {
-  const int bits = env_int("EPMOE_SM90_EARLY_DECODE", 0);
+  const int bits = env_int("EPMOE_SM90_EARLY_DECODE", 1);
   EPMOE_CHECK(bits <= 3, ErrorCode::invalid_argument,
               "EPMOE_SM90_EARLY_DECODE must be 0..3 (bit 0 DOWN, bit 1 the gathering UP), got ", bits);
   return bits;

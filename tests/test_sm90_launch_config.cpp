@@ -316,7 +316,7 @@ TEST(Sm90Knobs, EarlyDecode) {
   using epmoe::kernels::sm90_early_decode;
   {
     Env e("EPMOE_SM90_EARLY_DECODE", nullptr);
-    EXPECT_EQ(sm90_early_decode(), 0);  // default: the producers decode between items
+    EXPECT_EQ(sm90_early_decode(), 1);  // default: DOWN decodes its next item early, UP between items
   }
   for (int bits = 0; bits <= 3; ++bits) {
     const std::string v = std::to_string(bits);

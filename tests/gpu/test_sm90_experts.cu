@@ -509,6 +509,19 @@ const std::vector<Variant>& variants() {
        "EPMOE_SM90_EARLY_DECODE", "3"},
       {"EarlyDecodeDownOnlyZipfE32K4H2048F1024T4096", "0", "16",
        with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 134), nullptr, "EPMOE_SM90_EARLY_DECODE", "1"},
+      // DOWN's producer decoding between items (EPMOE_SM90_EARLY_DECODE=0, the default before session
+      // 20): a small case for the sanitizers, tile edges by expert with padding halves, clusters by
+      // expert at 7168, graph replays with in-kernel zeroing and dropped slots.
+      {"LateDecodeSmallTileEdgesE8K1H256F256T835", "0", "16",
+       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 183), nullptr, "EPMOE_SM90_EARLY_DECODE", "0"},
+      {"LateDecodeByExpertPadHalvesTileEdgesE16K2H2048F768T1670", "0", "16",
+       with({16, 2, 2048, 768, 1670, Route::tile_edges, 0, 256}, 184), "expert", "EPMOE_SM90_EARLY_DECODE", "0",
+       "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"LateDecodeClusterByExpertE32K8H7168F2048T2048", "1", "16",
+       with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 185), "expert", "EPMOE_SM90_EARLY_DECODE", "0"},
+      {"LateDecodeGraphCapturedZeroOutWithDropsE16K4H2048F1024T777", "0", "16",
+       zero_in_up(with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 186, Mode::graph)), nullptr,
+       "EPMOE_SM90_EARLY_DECODE", "0"},
       // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
       // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
       // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,
