@@ -20,6 +20,7 @@
 // buffered by item parity) and read by both warpgroups after a 256-thread named barrier.
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_work_items.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
 #include "kernels/sm90_tensor_maps.cuh"

@@ -24,6 +24,7 @@
 // consumers load when an item's first stage arrives).
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_work_items.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   uint8_t* ring = align_1024(dyn_smem);
   // After the ring: the staged epilogue's buffers (kDownStagingBytes), then - by expert - the work
-  // schedule's offsets. Work items (see WorkItem in sm90_common.cuh): nn = ceil(hidden/256) column blocks.
+  // schedule's offsets. Work items (see WorkItem in sm90_work_items.cuh): nn = ceil(hidden/256) column blocks.
   uint8_t* staging = ring + kStages * kStageBytes;
   int32_t* stage_rows = reinterpret_cast<int32_t*>(staging + 2 * kStageHalfBytes);  // [2][64] out rows
   int2* stage_hdr = reinterpret_cast<int2*>(stage_rows + 128);                        // [2] (n0, compute)

@@ -51,7 +51,7 @@ bool sm90_experts_supported(int device);
 bool sm90_fused_gather_enabled();
 
 // 2-CTA thread-block clusters that multicast the weight tile into two row tiles of one expert
-// (kernels/sm90_common.cuh, WorkItem). EPMOE_SM90_CLUSTER: 0 never; 1 both kernels; 2 DOWN, and UP
+// (kernels/sm90_work_items.cuh, WorkItem). EPMOE_SM90_CLUSTER: 0 never; 1 both kernels; 2 DOWN, and UP
 // only when it reads xs by TMA (not when it gathers from x); unset or auto: 1 when hidden >=
 // kClusterMinHidden and the capacity holds at least kClusterMinRowsPerExpert rows per expert on
 // average (a fixed worst-case capacity overstates it: both choices are correct), else 0
@@ -71,7 +71,7 @@ bool sm90_down_uses_cluster(int hidden, int64_t rows_capacity, int experts);
 // value keeps its meaning.
 enum class UpGatherForm { single, cluster, pairs };
 UpGatherForm sm90_up_gather_form(int hidden, int ffn, int64_t rows_capacity, int experts, bool staged_epilogue);
-// Row tiles per scheduling group (WorkGrid in sm90_common.cuh; 1 = tile-major order):
+// Row tiles per scheduling group (WorkGrid in sm90_work_items.cuh; 1 = tile-major order):
 // EPMOE_SM90_GROUP, else the built-in default. Read at each call.
 int sm90_group_tiles();
 // Work order (kernels/sm90_schedule.cuh): by expert - scheduling groups never straddle two experts'

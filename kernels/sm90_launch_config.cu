@@ -15,6 +15,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_work_items.cuh"
 #include "kernels/sm90_experts.cuh"
 
 namespace epmoe::kernels::sm90 {

@@ -2,7 +2,7 @@
 // include it, so CPU tests check the decode exhaustively).
 //
 // Why: a scheduling group (a few row tiles swept over every column block, see WorkGrid in
-// sm90_common.cuh) reads its experts' whole weight matrices once from HBM. Groups cut from the
+// sm90_work_items.cuh) reads its experts' whole weight matrices once from HBM. Groups cut from the
 // global tile sequence straddle expert boundaries, so an expert whose tiles fall in two groups is
 // read twice (E=32 k=8 7168/2048 at T=8k: ~16.5 tiles per expert, group 16: ~2x the 1.9 GB of W1).
 // Here groups never leave an expert: expert e's items come in one contiguous block of the item

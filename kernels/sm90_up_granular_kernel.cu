@@ -29,6 +29,7 @@
 // warpgroup's [token][64 columns] staging (128B-swizzled rows), then 16-byte stores of act.
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_work_items.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
 #include "kernels/sm90_tensor_maps.cuh"

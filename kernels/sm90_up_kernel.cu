@@ -5,7 +5,7 @@
 // Work item: xs rows [128*tile, +128), which lie in one expert's segment (segments are multiples of
 // 128), and activation columns [128j, 128j + 128), j < ffn/128. The grid is persistent (one CTA per
 // SM, or one 2-CTA cluster per SM pair) and walks the items in groups of row tiles, column-block-
-// major inside a group (WorkGrid / WorkItem in sm90_common.cuh); the smem ring runs on across
+// major inside a group (WorkGrid / WorkItem in sm90_work_items.cuh); the smem ring runs on across
 // items, so the producer fills the next item's stages during the epilogue. kCluster: the two CTAs
 // of a cluster take consecutive tiles and, when both are in one expert, each multicasts one W1 half
 // (gate / up box of the plain map) into both rings.
@@ -39,6 +39,7 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_work_items.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
@@ -263,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t dyn_smem[];
 
   uint8_t* ring = align_1024(dyn_smem);
-  // Work items (see WorkItem in sm90_common.cuh): nj = ffn/128 activation column blocks per tile.
+  // Work items (see WorkItem in sm90_work_items.cuh): nj = ffn/128 activation column blocks per tile.
   // By expert, the schedule's offsets live in shared memory after the ring.
   // After the ring: (staged epilogue) the act staging boxes, then (by expert) the schedule's offsets.
   uint8_t* staging = ring + kStages * kStageBytes;
