@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // By expert, the schedule's offsets follow the staging area (as in the 128-row kernel).
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + kGranDownStagingBytes) : nullptr;
   const WorkGrid grid =
-      make_work_grid<false>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched, false);
+      make_work_grid<false>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched);
   if (threadIdx.x == 0) {
     for (int c = 0; c < 2; ++c) {
       mbar_init(staged0 + 8 * c, 128);

@@ -115,7 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   int2* stage_hdr = reinterpret_cast<int2*>(stage_rows + 128);                        // [2] (n0, compute)
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kDownStagingBytes : 0)) : nullptr;
   const WorkGrid grid =
-      make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched, tail_split != 0);
+      make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched,
+                               tail_split != 0 ? work_stride<kCluster>() : 0);
   if (work_first<kCluster>() >= grid.items) return;  // no work (in a cluster: both CTAs alike)
 
   const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16 (act)
@@ -380,7 +381,7 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
               p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0,
-              sm90_tail_split() ? 1 : 0, pad_halves ? 1 : 0,
+              sm90_tail_split_in(plan.by_expert, sm90_tail_split()) ? 1 : 0, pad_halves ? 1 : 0,
               sm90_down_flush_step(p.ffn / kBK), sm90_early_decode());
 }
 

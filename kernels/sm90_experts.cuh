@@ -121,6 +121,12 @@ bool sm90_up_silu_tanh();
 bool sm90_tail_split();
 // The same for the A-sharing pairs only: EPMOE_SM90_UP_PAIR_TAIL=half|off (default: as sm90_tail_split).
 bool sm90_up_pair_tail_split();
+// The last-wave halving also in the by-expert order (until session 21 it ran in the global order
+// only): EPMOE_SM90_TAIL_BY_EXPERT=on|off (default on).
+bool sm90_tail_by_expert();
+// What a launcher passes its kernel: `knob` (sm90_tail_split or sm90_up_pair_tail_split), and in the
+// by-expert order only with sm90_tail_by_expert().
+inline bool sm90_tail_split_in(bool by_expert, bool knob) { return knob && (!by_expert || sm90_tail_by_expert()); }
 // Tiles whose upper 64 rows are all padding run as half items (sm90_pad_halves_auto in
 // sm90_launch_config.cuh says when): 0 "compute", 1 "skip", 2 "auto" (the default), from
 // EPMOE_SM90_PAD_HALVES=compute|skip|auto.

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // By expert, the schedule's offsets follow the staging boxes (as in the 128-row kernel); items are
   // then claimed in the by-expert order, so a group's CTAs never straddle two experts' weights.
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(ring + kStages * kStageBytes + kUpStagingBytes) : nullptr;
-  const WorkGrid grid = make_work_grid<false>(ffn / 128, padded_offsets, experts, group_tiles, sched, false);
+  const WorkGrid grid = make_work_grid<false>(ffn / 128, padded_offsets, experts, group_tiles, sched);
   init_ring_barriers<false>(full0, empty0, 1 + 128);  // thread 0's expect_tx + one cp.async arrival per thread
   // As in the 128-row UP kernel: let the DOWN grid (PDL) launch once every CTA has started; DOWN reads
   // act only after griddepcontrol.wait, which waits for this whole grid.

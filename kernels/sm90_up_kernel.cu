@@ -269,7 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // After the ring: (staged epilogue) the act staging boxes, then (by expert) the schedule's offsets.
   uint8_t* staging = ring + kStages * kStageBytes;
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kUpStagingBytes : 0)) : nullptr;
-  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched, tail_split != 0);
+  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched,
+                                                 tail_split != 0 ? work_stride<kCluster>() : 0);
   ZeroPlan zero = make_zero_plan<kCluster>(zero_out, zero_chunks, grid.items);
   // No work: the whole CTA zeroes its share of out and leaves (in a cluster both CTAs alike, before
   // any cross-CTA traffic).
@@ -424,7 +425,7 @@ struct PairItem {
   int half;    // kHalfWhole, or kHalfLower / kHalfUpper: the tile's rows [0, 64) / [64, 128) only
 };
 // Item w of the pair grid: the single-CTA schedule over row tiles x column pairs (WorkGrid built by
-// make_work_grid<false> with nn = ffn / 256; its tail halving set for the clusters) decoded by
+// make_work_grid<false> with nn = ffn / 256, its last wave halved over the clusters) decoded by
 // work_item; CTA rank r computes column block 2 pair + r.
 __device__ __forceinline__ PairItem pair_item(const WorkItem& t, uint32_t rank) {
   return {t.valid, t.m0, 2 * t.nb + int(rank), t.half};
@@ -454,11 +455,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // By expert: the schedule's offsets after the staging boxes (make_work_grid builds it; CTA barrier).
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + kUpStagingBytes) : nullptr;
-  WorkGrid g = make_work_grid<false>(ffn / 256, padded_offsets, experts, group_tiles, sched);
-  if (sched == nullptr && tail_split_on != 0) {  // the last wave of clusters (not of CTAs) halved
-    g.tail = tail_split(g.items, work_stride<true>());
-    g.items = g.tail.items;
-  }
+  // Single-CTA row units x column pairs, the last wave halved over the clusters (not the CTAs).
+  const WorkGrid g = make_work_grid<false>(ffn / 256, padded_offsets, experts, group_tiles, sched,
+                                           tail_split_on != 0 ? work_stride<true>() : 0);
   const int64_t items = g.items;
   const uint32_t rank = cluster_ctarank();
   ZeroPlan zero = make_zero_plan<true>(zero_out, zero_chunks, items);
@@ -679,7 +678,7 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
                 "sm90_up_launch", tm_w1, tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x,
                 p.x_rows, p.pair_row, sm90_group_tiles(), p.zero_out ? p.out : nullptr,
                 p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0,
-                pair_plan.by_expert ? 1 : 0, sm90_up_pair_tail_split() ? 1 : 0);
+                pair_plan.by_expert ? 1 : 0, sm90_tail_split_in(pair_plan.by_expert, sm90_up_pair_tail_split()) ? 1 : 0);
     return;
   }
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);
@@ -689,7 +688,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, plan.items, plan.smem, s,
               "sm90_up_launch", tm_xs, tm_w1, tm_act, p.padded_offsets, p.act, p.experts, p.hidden, p.ffn,
               folded ? 1 : 0, p.x, p.x_rows, p.pair_row, sm90_group_tiles(), sm90_gather_async_arrive() ? 1 : 0,
-              plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split() ? 1 : 0, p.zero_out ? p.out : nullptr,
+              plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split_in(plan.by_expert, sm90_tail_split()) ? 1 : 0,
+              p.zero_out ? p.out : nullptr,
               p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), pad_halves ? 1 : 0,
               sm90_up_silu_tanh() ? 1 : 0, sm90_early_decode());
 }

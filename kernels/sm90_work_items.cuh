@@ -103,10 +103,12 @@ __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict_
 }
 
 // All threads. sched: the shared-memory schedule area (by expert), or null for the global order.
-// tail_split: halve the last wave's items (global order, single CTAs only; see TailSplit).
+// tail_workers: halve the last wave's items over this many persistent workers (the CTAs, or the
+// A-sharing pairs' clusters), 0 = no halving; single-CTA row units only (see TailSplit). In either
+// order: the half items map onto the original item indices before they are decoded.
 template <bool kCluster>
 __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __restrict__ padded_offsets, int experts,
-                                                   int group_tiles, int32_t* sched, bool tail_split_on = false) {
+                                                   int group_tiles, int32_t* sched, int64_t tail_workers = 0) {
   WorkGrid g;
   g.total = padded_offsets[experts];
   g.nn = nn;
@@ -126,8 +128,8 @@ __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __rest
     g.items = g.units * nn;
   }
   g.tail = {g.items, g.items};
-  if (!kCluster && sched == nullptr && tail_split_on) {
-    g.tail = tail_split(g.items, int64_t(gridDim.x));
+  if (!kCluster && tail_workers > 0) {
+    g.tail = tail_split(g.items, tail_workers);
     g.items = g.tail.items;
   }
   return g;

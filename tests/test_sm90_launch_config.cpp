@@ -444,6 +444,37 @@ TEST(Sm90Knobs, UpPairTail) {
   }
 }
 
+// EPMOE_SM90_TAIL_BY_EXPERT: on by default; sm90_tail_split_in passes the tail knob through in the
+// global order and, by expert, only with this on.
+TEST(Sm90Knobs, TailByExpert) {
+  using epmoe::kernels::sm90_tail_by_expert;
+  using epmoe::kernels::sm90_tail_split_in;
+  {
+    Env e("EPMOE_SM90_TAIL_BY_EXPERT", nullptr);
+    EXPECT_TRUE(sm90_tail_by_expert());
+    EXPECT_TRUE(sm90_tail_split_in(/*by_expert=*/false, true));
+    EXPECT_FALSE(sm90_tail_split_in(/*by_expert=*/false, false));
+    EXPECT_TRUE(sm90_tail_split_in(/*by_expert=*/true, true));
+    EXPECT_FALSE(sm90_tail_split_in(/*by_expert=*/true, false));
+  }
+  {
+    Env e("EPMOE_SM90_TAIL_BY_EXPERT", "on");
+    EXPECT_TRUE(sm90_tail_by_expert());
+    EXPECT_TRUE(sm90_tail_split_in(true, true));
+    EXPECT_FALSE(sm90_tail_split_in(true, false));  // EPMOE_SM90_TAIL_SPLIT=off still wins
+    EXPECT_TRUE(sm90_tail_split_in(false, true));
+  }
+  {
+    Env e("EPMOE_SM90_TAIL_BY_EXPERT", "off");
+    EXPECT_FALSE(sm90_tail_split_in(true, true));
+    EXPECT_TRUE(sm90_tail_split_in(false, true));  // the global order keeps its halving
+  }
+  for (const char* bad : {"half", "1", "On"}) {
+    Env e("EPMOE_SM90_TAIL_BY_EXPERT", bad);
+    EXPECT_EQ(code_of([] { (void)sm90_tail_by_expert(); }), epmoe::ErrorCode::invalid_argument) << bad;
+  }
+}
+
 // EPMOE_SM90_PAD_HALVES: auto by default, the three values, bad values rejected; and the auto rule on
 // the benchmark shapes (132 SMs, 50 MB L2, group 16; tiles from the bench's capacity T*k + E*127):
 // it skips where a wave's weight streams fit in a quarter of L2 (E=32 k=4 2048/1024 at T >= 16k,

@@ -364,6 +364,45 @@ const std::vector<Variant>& variants() {
        nullptr, "EPMOE_SM90_UP_EPILOGUE", "direct"},
       {"TailSplitOffAllHalvedE8K2H2048F768T300", "0", "16",
        with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 75), nullptr, "EPMOE_SM90_TAIL_SPLIT", "off"},
+      // The last wave halved in the by-expert order too (EPMOE_SM90_TAIL_BY_EXPERT=on, the default):
+      // every item halved (small: also under the sanitizers; tile edges with groups of 2), the last
+      // wave at 7168/T=2k (uniform routing, by expert by default; halved or not as its tiles fall), graph
+      // replays with in-kernel zeroing, DOWN on clusters (UP alone halves), all-padding halves skipped,
+      // DOWN decoding between items; and the A-sharing pairs by expert (every item halved; 7168).
+      {"TailByExpertSmallAllHalvedE4K2H256F256T64", "0", "16",
+       with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 187), "expert", "EPMOE_SM90_TAIL_BY_EXPERT", "on"},
+      {"TailByExpertGroup2AllHalvedTileEdgesE16K2H2048F768T1670", "0", "2",
+       with({16, 2, 2048, 768, 1670, Route::tile_edges, 132 * 128, 256}, 188), "expert",
+       "EPMOE_SM90_TAIL_BY_EXPERT", "on"},
+      {"TailByExpertLastWaveE32K8H7168F2048T2048", "0", "16",
+       with({32, 8, 7168, 2048, 2048, Route::uniform, 0, 16}, 189), nullptr, "EPMOE_SM90_TAIL_BY_EXPERT", "on",
+       "EPMOE_SM90_UP_SHARE_A", "off"},
+      {"TailByExpertGraphCapturedZeroOutE8K2H7168F2048T300", "0", "16",
+       zero_in_up(with({8, 2, 7168, 2048, 300, Route::uniform, 132 * 128, 32}, 190, Mode::graph)), nullptr,
+       "EPMOE_SM90_TAIL_BY_EXPERT", "on"},
+      {"TailByExpertDownClusterZipfE16K4H4096F1024T4096", "2", "16",
+       with({16, 4, 4096, 1024, 4096, Route::zipf, 0, 32}, 191), "expert", "EPMOE_SM90_TAIL_BY_EXPERT", "on"},
+      {"TailByExpertPadHalvesSkipTileEdgesE8K1H2048F768T835", "0", "16",
+       with({8, 1, 2048, 768, 835, Route::tile_edges, 132 * 128, 256}, 192), "expert", "EPMOE_SM90_TAIL_BY_EXPERT",
+       "on", "EPMOE_SM90_PAD_HALVES", "skip"},
+      {"TailByExpertLateDecodeZipfE8K2H2048F768T300", "0", "16",
+       with({8, 2, 2048, 768, 300, Route::zipf, 132 * 128, 64}, 193), "expert", "EPMOE_SM90_TAIL_BY_EXPERT", "on",
+       "EPMOE_SM90_EARLY_DECODE", "0"},
+      {"ShareATailByExpertSmallAllHalvedE4K2H256F256T64", "0", "16",
+       with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 194), "expert", "EPMOE_SM90_TAIL_BY_EXPERT", "on",
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"ShareATailByExpertLastWaveE32K8H7168F2048T2048", "0", "16",
+       with({32, 8, 7168, 2048, 2048, Route::uniform, 0, 16}, 195), nullptr, "EPMOE_SM90_TAIL_BY_EXPERT", "on",
+       "EPMOE_SM90_UP_SHARE_A", "auto"},
+      // ... and off (by expert without halving, the path before session 21): every item would be halved;
+      // the pairs too; 7168 at T=2k.
+      {"TailByExpertOffSmallE4K2H256F256T64", "0", "16",
+       with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 196), "expert", "EPMOE_SM90_TAIL_BY_EXPERT", "off"},
+      {"TailByExpertOffShareASmallE4K2H256F256T64", "0", "16",
+       with({4, 2, 256, 256, 64, Route::uniform, 132 * 128, 64}, 197), "expert", "EPMOE_SM90_TAIL_BY_EXPERT", "off",
+       "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"TailByExpertOffE32K8H7168F2048T2048", "0", "16",
+       with({32, 8, 7168, 2048, 2048, Route::uniform, 0, 16}, 198), nullptr, "EPMOE_SM90_TAIL_BY_EXPERT", "off"},
       // All-padding upper tile halves skipped (EPMOE_SM90_PAD_HALVES=skip; the tile_edges segments of
       // 1, 63, 64, 65, 129 and 193 rows end in such halves, and UP must still write their act rows as
       // zeros): gathering UP (small: also under the sanitizers), UP from xs, graph replays with
