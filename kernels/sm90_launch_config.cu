@@ -287,10 +287,11 @@ bool sm90_tail_split() { return env_choice("EPMOE_SM90_TAIL_SPLIT", "half", "off
 // without changing DOWN's tail). Steady-state blocks off -> half (docs/PERF.md session 19): 2048/T=16k
 // 0.9892 (5/6) and 0.9918 (6/8) on two leases (A/A 1.0031), T=128k 0.9976 (6/8); 64k / E=128 16k / 4k
 // 1.0054 / 0.9982 / 1.0070 (inside the noise). The prediction was -1% at 16k (31.03 waves).
-// By expert too (session 21): no 7168 shape had halved a tail before. Steady-state blocks off -> on
-// (docs/PERF.md session 21): 7168/T=2k 0.9954 (6/8), T=8k 0.9945 (7/8) (A/A 0.9898 / 1.0018); predicted
-// -0.6% / -0.5% from the bench's tile counts (DOWN's last wave at 2k: 24 items on 132 SMs; the pairs'
-// at 8k: 8 items on 66 clusters).
+// By expert too (session 21): no 7168 shape had halved a tail before. Steady-state blocks off -> on on
+// three boards (docs/PERF.md session 21): 7168/T=2k 0.9954 / 0.9954 / 1.0008 (B won 18 of 24 rounds),
+// T=8k 0.9945 / 1.0056 / 0.9972 (16 of 24), EP E=256 shapes 1.0048 / 1.0010 (A/A 0.9898 / 1.0018);
+// predicted -0.6% / -0.5% from the bench's tile counts (DOWN's last wave at 2k: 24 items on 132 SMs;
+// the pairs' at 8k: 8 items on 66 clusters).
 bool sm90_tail_by_expert() { return env_choice("EPMOE_SM90_TAIL_BY_EXPERT", "on", "off", true); }
 bool sm90_up_pair_tail_split() {
   return env_choice("EPMOE_SM90_UP_PAIR_TAIL", "half", "off", sm90_tail_split());
