@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -52,6 +53,14 @@ epmoe::ErrorCode code_of(const std::function<void()>& f) {
   return epmoe::ErrorCode::internal;
 }
 
+// Every value in `bad` set as `var` makes `read` (a knob's reader) throw invalid_argument.
+void expect_rejected(const char* var, std::initializer_list<const char*> bad, const std::function<void()>& read) {
+  for (const char* v : bad) {
+    Env e(var, v);
+    EXPECT_EQ(code_of(read), epmoe::ErrorCode::invalid_argument) << var << "=" << v;
+  }
+}
+
 // Tile shape per kernel (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES): whole unless set to granular;
 // anything else is an error; the two variables are independent.
 TEST(Sm90Knobs, TileShapeDefaultsAndValues) {
@@ -69,10 +78,7 @@ TEST(Sm90Knobs, TileShapeDefaultsAndValues) {
       Env e(name, "granular");
       EXPECT_TRUE(granular());
     }
-    for (const char* bad : {"Granular", "auto", "1", "whole "}) {
-      Env e(name, bad);
-      EXPECT_EQ(code_of([&] { granular(); }), epmoe::ErrorCode::invalid_argument) << bad;
-    }
+    expect_rejected(name, {"Granular", "auto", "1", "whole "}, [&] { granular(); });
   }
   Env up("EPMOE_SM90_UP_TILES", "granular");
   Env down("EPMOE_SM90_DOWN_TILES", nullptr);
@@ -148,11 +154,9 @@ TEST(Sm90Knobs, ClusterModeDefaultsAndValues) {
     EXPECT_TRUE(sm90_up_uses_cluster(false, 2048, 64, 32));
     EXPECT_TRUE(sm90_down_uses_cluster(2048, 64, 32));
   }
-  for (const char* bad : {"3", "-1", "one", "1x", "Auto"}) {
-    Env e("EPMOE_SM90_CLUSTER", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_cluster_knob(); }), epmoe::ErrorCode::invalid_argument) << bad;
-    EXPECT_EQ(code_of([] { (void)sm90_cluster_mode(7168, 1 << 20, 32); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_CLUSTER", {"3", "-1", "one", "1x", "Auto"}, [] { (void)sm90_cluster_knob(); });
+  expect_rejected("EPMOE_SM90_CLUSTER", {"3", "-1", "one", "1x", "Auto"},
+                  [] { (void)sm90_cluster_mode(7168, 1 << 20, 32); });
 }
 
 // sm90_up_gather_form: with clusters auto the A-sharing pairs take the weight-multicast clusters' place
@@ -212,10 +216,7 @@ TEST(Sm90Knobs, GroupTiles) {
     Env e("EPMOE_SM90_GROUP", "0");  // 0 and 1 both mean tile-major
     EXPECT_EQ(sm90_group_tiles(), 1);
   }
-  for (const char* bad : {"-4", "x", "16 ", "99999999"}) {
-    Env e("EPMOE_SM90_GROUP", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_group_tiles(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_GROUP", {"-4", "x", "16 ", "99999999"}, [] { (void)sm90_group_tiles(); });
 }
 
 TEST(Sm90Knobs, GatherArrive) {
@@ -259,11 +260,8 @@ TEST(Sm90Knobs, WorkOrder) {
     EXPECT_FALSE(sm90_order_by_expert(8192, 2048));
     EXPECT_TRUE(sm90_order_forced_by_expert());
   }
-  for (const char* bad : {"Expert", "1", "tile", "AUTO"}) {
-    Env e("EPMOE_SM90_ORDER", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_order_by_expert(32, 2048); }), epmoe::ErrorCode::invalid_argument) << bad;
-    EXPECT_EQ(code_of([] { (void)sm90_order_forced_by_expert(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_ORDER", {"Expert", "1", "tile", "AUTO"}, [] { (void)sm90_order_by_expert(32, 2048); });
+  expect_rejected("EPMOE_SM90_ORDER", {"Expert", "1", "tile", "AUTO"}, [] { (void)sm90_order_forced_by_expert(); });
   EXPECT_EQ(sm90_dyn_smem_bytes(false, 32), kDynSmemBytes);
   EXPECT_EQ(sm90_dyn_smem_bytes(true, 32), kDynSmemBytes + 2 * 33 * 4 + 8);  // rounded to 16 B
   EXPECT_LE(sm90_dyn_smem_bytes(true, 4096), kMaxDynSmemBytes);
@@ -283,10 +281,7 @@ void check_epilogue_knob(const char* name, bool (*staged)()) {
     Env e(name, "staged");
     EXPECT_TRUE(staged()) << name;
   }
-  for (const char* bad : {"Staged", "1", "smem"}) {
-    Env e(name, bad);
-    EXPECT_EQ(code_of([staged] { (void)staged(); }), epmoe::ErrorCode::invalid_argument) << name << "=" << bad;
-  }
+  expect_rejected(name, {"Staged", "1", "smem"}, [staged] { (void)staged(); });
 }
 
 TEST(Sm90Knobs, DownFlushStep) {
@@ -306,10 +301,7 @@ TEST(Sm90Knobs, DownFlushStep) {
     Env e("EPMOE_SM90_DOWN_FLUSH_STEP", "40");
     EXPECT_EQ(sm90_down_flush_step(16), 40);  // past the main loop: stored after it
   }
-  for (const char* bad : {"-1", "half", "2x"}) {
-    Env e("EPMOE_SM90_DOWN_FLUSH_STEP", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_down_flush_step(16); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_DOWN_FLUSH_STEP", {"-1", "half", "2x"}, [] { (void)sm90_down_flush_step(16); });
 }
 
 TEST(Sm90Knobs, EarlyDecode) {
@@ -323,10 +315,7 @@ TEST(Sm90Knobs, EarlyDecode) {
     Env e("EPMOE_SM90_EARLY_DECODE", v.c_str());
     EXPECT_EQ(sm90_early_decode(), bits);
   }
-  for (const char* bad : {"4", "7", "-1", "down"}) {
-    Env e("EPMOE_SM90_EARLY_DECODE", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_early_decode(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_EARLY_DECODE", {"4", "7", "-1", "down"}, [] { (void)sm90_early_decode(); });
 }
 
 TEST(Sm90Knobs, Silu) {
@@ -343,10 +332,7 @@ TEST(Sm90Knobs, Silu) {
     Env e("EPMOE_SM90_SILU", "tanh");
     EXPECT_TRUE(sm90_up_silu_tanh());
   }
-  for (const char* bad : {"Tanh", "1", "sigmoid"}) {
-    Env e("EPMOE_SM90_SILU", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_up_silu_tanh(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_SILU", {"Tanh", "1", "sigmoid"}, [] { (void)sm90_up_silu_tanh(); });
 }
 
 TEST(Sm90Knobs, UpShareA) {
@@ -360,10 +346,7 @@ TEST(Sm90Knobs, UpShareA) {
     Env e("EPMOE_SM90_UP_SHARE_A", value);
     EXPECT_EQ(sm90_up_share_a_mode(), mode) << value;
   }
-  for (const char* bad : {"On", "1", "share"}) {
-    Env e("EPMOE_SM90_UP_SHARE_A", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_up_share_a_mode(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_UP_SHARE_A", {"On", "1", "share"}, [] { (void)sm90_up_share_a_mode(); });
 }
 
 TEST(Sm90Knobs, Epilogues) {
@@ -413,10 +396,7 @@ TEST(Sm90Knobs, TailSplit) {
     Env e("EPMOE_SM90_TAIL_SPLIT", "half");
     EXPECT_TRUE(epmoe::kernels::sm90_tail_split());
   }
-  for (const char* bad : {"1", "on", "Half"}) {
-    Env e("EPMOE_SM90_TAIL_SPLIT", bad);
-    EXPECT_EQ(code_of([] { (void)epmoe::kernels::sm90_tail_split(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_TAIL_SPLIT", {"1", "on", "Half"}, [] { (void)epmoe::kernels::sm90_tail_split(); });
 }
 
 // EPMOE_SM90_UP_PAIR_TAIL: the A-sharing pairs' own last-wave halving follows EPMOE_SM90_TAIL_SPLIT
@@ -438,10 +418,7 @@ TEST(Sm90Knobs, UpPairTail) {
       EXPECT_TRUE(sm90_up_pair_tail_split());
     }
   }
-  for (const char* bad : {"on", "1", "Half"}) {
-    Env e("EPMOE_SM90_UP_PAIR_TAIL", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_up_pair_tail_split(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_UP_PAIR_TAIL", {"on", "1", "Half"}, [] { (void)sm90_up_pair_tail_split(); });
 }
 
 // EPMOE_SM90_TAIL_BY_EXPERT: on by default; sm90_tail_split_in passes the tail knob through in the
@@ -469,10 +446,7 @@ TEST(Sm90Knobs, TailByExpert) {
     EXPECT_FALSE(sm90_tail_split_in(true, true));
     EXPECT_TRUE(sm90_tail_split_in(false, true));  // the global order keeps its halving
   }
-  for (const char* bad : {"half", "1", "On"}) {
-    Env e("EPMOE_SM90_TAIL_BY_EXPERT", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_tail_by_expert(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_TAIL_BY_EXPERT", {"half", "1", "On"}, [] { (void)sm90_tail_by_expert(); });
 }
 
 // EPMOE_SM90_PAD_HALVES: auto by default, the three values, bad values rejected; and the auto rule on
@@ -490,10 +464,7 @@ TEST(Sm90Knobs, PadHalves) {
     Env e("EPMOE_SM90_PAD_HALVES", v);
     EXPECT_EQ(sm90_pad_halves_mode(), m) << v;
   }
-  for (const char* bad : {"1", "Skip", "off"}) {
-    Env e("EPMOE_SM90_PAD_HALVES", bad);
-    EXPECT_EQ(code_of([] { (void)sm90_pad_halves_mode(); }), epmoe::ErrorCode::invalid_argument) << bad;
-  }
+  expect_rejected("EPMOE_SM90_PAD_HALVES", {"1", "Skip", "off"}, [] { (void)sm90_pad_halves_mode(); });
   const int64_t l2 = 50ll << 20;
   auto tiles = [](int64_t T, int k, int E) { return (T * k + int64_t(E) * 127 + 127) / 128; };
   struct Shape {
