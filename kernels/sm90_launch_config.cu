@@ -214,6 +214,9 @@ UpGatherForm sm90_up_gather_form(int hidden, int ffn, int64_t rows_capacity, int
   if (pairs && (!cluster || sm90_cluster_knob() < 0)) return UpGatherForm::pairs;
   return cluster ? UpGatherForm::cluster : UpGatherForm::single;
 }
+// Default 16. By expert at 7168/T=8k (~17 tiles per expert, so two groups and W1 streamed twice),
+// 32 cut UP's DRAM reads 8.07 -> 5.61 GB under ncu but not the layer's time: steady-state blocks
+// 0.9947 (session 19) and 0.9989 (session 22, A/A 0.9995; docs/PERF.md).
 int sm90_group_tiles() { return std::max(1, env_int("EPMOE_SM90_GROUP", 16)); }
 // The knob, the rule and the fit: the schedule's per-expert offsets must fit in shared memory next
 // to the ring and the kernel's staging buffers. Sessions 5 and 7 kept the global order because the
