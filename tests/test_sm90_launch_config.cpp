@@ -267,21 +267,23 @@ TEST(Sm90Knobs, WorkOrder) {
   EXPECT_LE(sm90_dyn_smem_bytes(true, 4096), kMaxDynSmemBytes);
 }
 
-// A two-valued epilogue knob: its default, both values, and bad values rejected.
-void check_epilogue_knob(const char* name, bool (*staged)()) {
+// A two-valued knob whose default is `yes`: unset -> true, `no` -> false, `yes` -> true, and every
+// value in `bad` rejected.
+void check_two_valued_knob(const char* name, bool (*read)(), const char* yes, const char* no,
+                           std::initializer_list<const char*> bad) {
   {
     Env e(name, nullptr);
-    EXPECT_TRUE(staged()) << name;
+    EXPECT_TRUE(read()) << name;
   }
   {
-    Env e(name, "direct");
-    EXPECT_FALSE(staged()) << name;
+    Env e(name, no);
+    EXPECT_FALSE(read()) << name;
   }
   {
-    Env e(name, "staged");
-    EXPECT_TRUE(staged()) << name;
+    Env e(name, yes);
+    EXPECT_TRUE(read()) << name;
   }
-  expect_rejected(name, {"Staged", "1", "smem"}, [staged] { (void)staged(); });
+  expect_rejected(name, bad, [read] { (void)read(); });
 }
 
 TEST(Sm90Knobs, DownFlushStep) {
@@ -318,21 +320,9 @@ TEST(Sm90Knobs, EarlyDecode) {
   expect_rejected("EPMOE_SM90_EARLY_DECODE", {"4", "7", "-1", "down"}, [] { (void)sm90_early_decode(); });
 }
 
+// Default: one tanh.approx per element.
 TEST(Sm90Knobs, Silu) {
-  using epmoe::kernels::sm90_up_silu_tanh;
-  {
-    Env e("EPMOE_SM90_SILU", nullptr);
-    EXPECT_TRUE(sm90_up_silu_tanh());  // default: one tanh.approx per element
-  }
-  {
-    Env e("EPMOE_SM90_SILU", "exp");
-    EXPECT_FALSE(sm90_up_silu_tanh());
-  }
-  {
-    Env e("EPMOE_SM90_SILU", "tanh");
-    EXPECT_TRUE(sm90_up_silu_tanh());
-  }
-  expect_rejected("EPMOE_SM90_SILU", {"Tanh", "1", "sigmoid"}, [] { (void)sm90_up_silu_tanh(); });
+  check_two_valued_knob("EPMOE_SM90_SILU", epmoe::kernels::sm90_up_silu_tanh, "tanh", "exp", {"Tanh", "1", "sigmoid"});
 }
 
 TEST(Sm90Knobs, UpShareA) {
@@ -350,8 +340,10 @@ TEST(Sm90Knobs, UpShareA) {
 }
 
 TEST(Sm90Knobs, Epilogues) {
-  check_epilogue_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue);
-  check_epilogue_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue);
+  check_two_valued_knob("EPMOE_SM90_UP_EPILOGUE", epmoe::kernels::sm90_up_staged_epilogue, "staged", "direct",
+                        {"Staged", "1", "smem"});
+  check_two_valued_knob("EPMOE_SM90_DOWN_EPILOGUE", epmoe::kernels::sm90_down_staged_epilogue, "staged", "direct",
+                        {"Staged", "1", "smem"});
   // Each kernel's staging buffers fit next to the ring (and the static barriers) on their own.
   for (size_t staging : {size_t(kUpStagingBytes), kDownStagingBytes}) {
     EXPECT_EQ(sm90_dyn_smem_bytes(false, 32, staging), sm90_dyn_smem_bytes(false, 32) + staging);
@@ -384,19 +376,7 @@ TEST(Sm90Knobs, Epilogues) {
 }
 
 TEST(Sm90Knobs, TailSplit) {
-  {
-    Env e("EPMOE_SM90_TAIL_SPLIT", nullptr);
-    EXPECT_TRUE(epmoe::kernels::sm90_tail_split());
-  }
-  {
-    Env e("EPMOE_SM90_TAIL_SPLIT", "off");
-    EXPECT_FALSE(epmoe::kernels::sm90_tail_split());
-  }
-  {
-    Env e("EPMOE_SM90_TAIL_SPLIT", "half");
-    EXPECT_TRUE(epmoe::kernels::sm90_tail_split());
-  }
-  expect_rejected("EPMOE_SM90_TAIL_SPLIT", {"1", "on", "Half"}, [] { (void)epmoe::kernels::sm90_tail_split(); });
+  check_two_valued_knob("EPMOE_SM90_TAIL_SPLIT", epmoe::kernels::sm90_tail_split, "half", "off", {"1", "on", "Half"});
 }
 
 // EPMOE_SM90_UP_PAIR_TAIL: the A-sharing pairs' own last-wave halving follows EPMOE_SM90_TAIL_SPLIT
