@@ -2,8 +2,9 @@
 // (a) cp.async 16-byte copies from 128 producer threads (the gathering UP's way today),
 // (b) one 1D bulk copy per row (cp.async.bulk, TMA engine, no tensor map), or
 // (c) one 2D tensor-map box per row ({64, 1}, 128B swizzle: session 19's in-kernel variant), or
-// (d) a whole stage forwarded to a 2-CTA cluster peer by one DSMEM bulk copy (the pairs' forwarding).
-// Every SM runs one CTA that streams random rows of x (the 7168/T=2k case: x is 2048 x 7168 bf16,
+// (d) a whole stage forwarded to a 2-CTA cluster peer by one DSMEM bulk copy (the pairs' forwarding);
+// controls: one contiguous 1D bulk copy per stage, and one {64, R} tensor box of R consecutive rows.
+// Every SM runs one CTA that streams random rows of x (the 7168/T=2k case: x is 2048 x 7168 random bf16,
 // L2-resident) into a ring of shared-memory stages, R rows of C bytes per stage, waiting on each
 // stage's mbarrier before refilling it. Printed: time per stage, cycles per row request, bytes per
 // cycle and SM. Each mode runs back-to-back launches for MS milliseconds, long enough for
@@ -11,8 +12,9 @@
 // (docs/PERF.md, session 23, has the runs and the figures). Not built by CMake: a measurement tool.
 //
 //   nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a gather_request_cost.cu -o grc -lcuda
-//   ./grc MODE C R MS     MODE = cpasync | bulk | box | dsmem ; C = bytes per row per stage ; R = rows per stage
-//                         (dsmem: R = 1, C = the stage's bytes, forwarded to the cluster peer)
+//   ./grc MODE C R MS     MODE = cpasync | bulk | box | tile | dsmem ; C = bytes per row per stage ;
+//                         R = rows per stage (tile: one {64, R} box of R consecutive rows, C = 128, the
+//                         from-xs A load; dsmem: R = 1, C = the stage's bytes, forwarded to the cluster peer)
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -37,7 +39,7 @@
 namespace {
 constexpr int kRows = 2048, kHidden = 7168;  // x: 29 MB, fits the 60 MB L2
 constexpr int kSmem = 192 * 1024;
-enum Mode { kCpAsync = 0, kBulk = 1, kBox = 2, kDsmem = 3 };
+enum Mode { kCpAsync = 0, kBulk = 1, kBox = 2, kDsmem = 3, kTile = 4 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return uint32_t(__cvta_generic_to_shared(p));
@@ -48,6 +50,15 @@ __device__ __forceinline__ uint32_t hash3(uint32_t a, uint32_t b, uint32_t c) {
   h *= 0x2C1B3C6Du;
   h ^= h >> 12;
   return h;
+}
+// Fresh pseudo-random bf16 in [-1, 1) (the energy of moving bytes depends on how their bits toggle).
+__global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = hash3(uint32_t(i), uint32_t(i >> 32), seed);
+    const __nv_bfloat16 lo = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
+    const __nv_bfloat16 hi = __float2bfloat16(float(h >> 16) / 32768.f - 1.f);
+    p[i] = uint32_t(__bfloat16_as_ushort(lo)) | uint32_t(__bfloat16_as_ushort(hi)) << 16;
+  }
 }
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
@@ -92,6 +103,16 @@ __global__ void __launch_bounds__(128, 1)
                      : "memory");
       }
       asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+    } else if (mode == kTile) {  // one {64, R} box of R consecutive rows: the from-xs A load
+      if (t == 0) {
+        mbar_expect_tx(bar, uint32_t(stage_bytes));
+        const int r0 = int(hash3(blockIdx.x, s, 0) % uint32_t(kRows - rows_per_stage + 1));
+        asm volatile(
+            "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+            "[%4];" ::"r"(smem_u32(dst)),
+            "l"(&map), "r"(seg * 64), "r"(r0), "r"(bar)
+            : "memory");
+      }
     } else if (t < 32) {
       if (t == 0) mbar_expect_tx(bar, uint32_t(stage_bytes));
       __syncwarp();
@@ -151,7 +172,10 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1)
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(o) : "r"(a), "r"(r));
     return o;
   };
-  for (int i = t; i < stage_bytes / 4; i += 128) reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u + i;
+  for (int i = t; i < stage_bytes / 4; i += 128) {  // a random source stage, as the gathered rows are
+    const uint32_t h = hash3(blockIdx.x, uint32_t(i), 7u);
+    reinterpret_cast<uint32_t*>(smem)[i] = h;
+  }
   if (t < nbuf) {
     mbar_init(smem_u32(&full[t]), 1u);
     mbar_init(smem_u32(&empty[t]), 1u);
@@ -203,10 +227,11 @@ int main(int argc, char** argv) {
   const int mode = std::strcmp(argv[1], "cpasync") == 0 ? kCpAsync
                    : std::strcmp(argv[1], "bulk") == 0  ? kBulk
                    : std::strcmp(argv[1], "dsmem") == 0 ? kDsmem
+                   : std::strcmp(argv[1], "tile") == 0  ? kTile
                                                         : kBox;
   const int bpr = std::atoi(argv[2]), rps = std::atoi(argv[3]);
   const double run_ms = std::atof(argv[4]);
-  if (bpr % 16 != 0 || bpr <= 0 || ((mode == kCpAsync || mode == kBox) && bpr > 128) || (mode == kDsmem && rps != 1) || bpr * rps > kSmem / 2 || rps <= 0) {
+  if (bpr % 16 != 0 || bpr <= 0 || ((mode == kCpAsync || mode == kBox) && bpr > 128) || (mode == kDsmem && rps != 1) || (mode == kTile && (bpr != 128 || rps > 256)) || bpr * rps > kSmem / 2 || rps <= 0) {
     std::fprintf(stderr, "bad sizes (cpasync/box: <= 128 B per row; a stage <= 96 KB)\n");
     return 2;
   }
@@ -214,7 +239,8 @@ int main(int argc, char** argv) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   __nv_bfloat16* x = nullptr;
   CK(cudaMalloc(&x, size_t(kRows) * kHidden * 2));
-  CK(cudaMemset(x, 0x3c, size_t(kRows) * kHidden * 2));
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(x), size_t(kRows) * kHidden / 2, 12345u);
+  CK(cudaGetLastError());
   unsigned long long* cyc = nullptr;
   unsigned* chk = nullptr;
   CK(cudaMalloc(&cyc, sms * sizeof(unsigned long long)));
@@ -229,13 +255,13 @@ int main(int argc, char** argv) {
                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
     const cuuint64_t dims[2] = {kHidden, kRows};
     const cuuint64_t strides[1] = {cuuint64_t(kHidden) * 2};
-    const cuuint32_t box[2] = {cuuint32_t(std::max(bpr / 2, 8)), 1};
+    const cuuint32_t box[2] = {cuuint32_t(std::max(bpr / 2, 8)), mode == kTile ? cuuint32_t(rps) : 1u};
     const cuuint32_t estr[2] = {1, 1};
     const CUresult r = reinterpret_cast<Encode>(fn)(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, x, dims, strides, box,
                                                     estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                                     bpr == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                                     CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS && mode == kBox) {
+    if (r != CUDA_SUCCESS && (mode == kBox || mode == kTile)) {
       std::fprintf(stderr, "cuTensorMapEncodeTiled failed: %d\n", int(r));
       return 1;
     }
