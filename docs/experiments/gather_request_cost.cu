@@ -3,7 +3,10 @@
 // (b) one 1D bulk copy per row (cp.async.bulk, TMA engine, no tensor map), or
 // (c) one 2D tensor-map box per row ({64, 1}, 128B swizzle: session 19's in-kernel variant), or
 // (d) a whole stage forwarded to a 2-CTA cluster peer by one DSMEM bulk copy (the pairs' forwarding);
-// controls: one contiguous 1D bulk copy per stage, and one {64, R} tensor box of R consecutive rows.
+// controls: one contiguous 1D bulk copy per stage, and one {64, R} tensor box of R consecutive rows;
+// (e) `stage`: a DOWN k step's feed with nothing else - one {64, 128} box of the CTA's own rows (A) and
+// one {64, 256} box of rows shared by 5 CTAs at a time (B, the W2 block an expert's ~5 row tiles
+// stream together), both kept for 32 steps (one item at ffn 2048), in a 4-deep ring of 48 KB stages.
 // Every SM runs one CTA that streams random rows of x (the 7168/T=2k case: x is 2048 x 7168 random bf16,
 // L2-resident) into a ring of shared-memory stages, R rows of C bytes per stage, waiting on each
 // stage's mbarrier before refilling it. Printed: time per stage, cycles per row request, bytes per
@@ -14,9 +17,11 @@
 // From the repository root (the PTX wrappers, tensor maps and error checks are the kernels' own):
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/gather_request_cost.cu \
 //        kernels/sm90_tensor_maps.cu src/error.cpp -o grc -lcuda
-//   ./grc MODE C R MS     MODE = cpasync | bulk | box | tile | dsmem ; C = bytes per row per stage ;
+//   ./grc MODE C R MS [WORK]   WORK = cycles the consumers hold each stage after its wait (default 0)
+//                         MODE = cpasync | bulk | box | tile | dsmem | stage ; C = bytes per row per stage ;
 //                         R = rows per stage (tile: one {64, R} box of R consecutive rows, C = 128, the
-//                         from-xs A load; dsmem: R = 1, C = the stage's bytes, forwarded to the cluster peer)
+//                         from-xs A load; dsmem: R = 1, C = the stage's bytes, forwarded to the cluster peer;
+//                         stage: C = 128, R = 384)
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -37,7 +42,7 @@ using namespace epmoe::kernels::sm90;
 namespace {
 constexpr int kRows = 2048, kHidden = 7168;  // x: 29 MB, fits the 60 MB L2
 constexpr int kSmem = 192 * 1024;
-enum Mode { kCpAsync = 0, kBulk = 1, kBox = 2, kDsmem = 3, kTile = 4 };
+enum Mode { kCpAsync = 0, kBulk = 1, kBox = 2, kDsmem = 3, kTile = 4, kStage = 5 };
 
 __device__ __forceinline__ uint32_t hash3(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
@@ -56,10 +61,35 @@ __global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
   }
 }
 
+// How a stage's consumers wait (build flag -DGRC_WAIT): 0 = the kernels' mbar_wait (try_wait without a
+// suspend-time hint), 1 = a test_wait spin (never suspends), 2 = try_wait with a 10 ms hint (CUTLASS's form).
+#ifndef GRC_WAIT
+#define GRC_WAIT 0
+#endif
+__device__ __forceinline__ void grc_wait(uint32_t bar, uint32_t parity) {
+#if !EPMOE_SM90A_DEVICE
+  (void)bar, (void)parity;
+#elif GRC_WAIT == 0
+  mbar_wait(bar, parity);
+#else
+  uint32_t done = 0;
+  do {
+#if GRC_WAIT == 1
+    asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+#else
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done) : "r"(bar), "r"(parity), "r"(10000000u) : "memory");
+#endif
+  } while (!done);
+#endif
+}
+
 // One CTA per SM; warps 0-3 are producers (cp.async mode uses all 128 threads, the TMA modes warp 0).
 __global__ void __launch_bounds__(128, 1)
-    gather_stream(const __nv_bfloat16* __restrict__ x, const __grid_constant__ CUtensorMap map, int mode,
-                  int bytes_per_row, int rows_per_stage, int stages, unsigned long long* cycles_out,
+    gather_stream(const __nv_bfloat16* __restrict__ x, const __grid_constant__ CUtensorMap map,
+                  const __grid_constant__ CUtensorMap map_b, int mode,
+                  int bytes_per_row, int rows_per_stage, int stages, int work, unsigned long long* cycles_out,
                   unsigned* checksum) {
 #if EPMOE_SM90A_DEVICE  // the wrappers of sm90_common.cuh exist only in the sm_90a device pass
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -86,6 +116,15 @@ __global__ void __launch_bounds__(128, 1)
         cp_async_16_zfill(smem_u32(dst + size_t(i) * 16), src, 16);
       }
       cp_async_mbar_arrive_noinc(bar);
+    } else if (mode == kStage) {  // DOWN's stage: A {64, 128} own rows + B {64, 256} rows shared by 5 CTAs
+      if (t == 0) {
+        mbar_arrive_expect_tx(bar, uint32_t(stage_bytes));
+        const uint32_t item = uint32_t(s / 32), k = uint32_t(s % 32);
+        const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(kRows - 128 + 1));
+        const int rb = int(hash3(blockIdx.x / 5, item, 2) % uint32_t(kRows - 256 + 1));
+        tma_load_2d(smem_u32(dst), &map, bar, int(k) * 64, ra);
+        tma_load_2d(smem_u32(dst + 128 * 128), &map_b, bar, int(k) * 64, rb);
+      }
     } else if (mode == kTile) {  // one {64, R} box of R consecutive rows: the from-xs A load
       if (t == 0) {
         mbar_arrive_expect_tx(bar, uint32_t(stage_bytes));
@@ -119,8 +158,13 @@ __global__ void __launch_bounds__(128, 1)
   unsigned sum = 0;
   for (int s = 0; s < stages; ++s) {
     const int b = s % nbuf;
-    mbar_wait(smem_u32(&bars[b]), uint32_t((s / nbuf) & 1));
+    grc_wait(smem_u32(&bars[b]), uint32_t((s / nbuf) & 1));
     sum += smem[size_t(b) * stage_bytes + (t * 16) % stage_bytes];  // touch the data
+    if (work > 0) {  // the consumers' tensor work on the stage (a DOWN k step: ~1024 cycles) before its release
+      const long long tw = clock64();
+      while (clock64() - tw < work) {
+      }
+    }
     __syncthreads();  // every thread past the wait before the buffer is refilled
     if (s + nbuf < stages) issue(s + nbuf);
   }
@@ -185,7 +229,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128, 1)
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* usage = "usage: grc cpasync|bulk|box|tile|dsmem BYTES_PER_ROW ROWS_PER_STAGE MS\n";
+  const char* usage = "usage: grc cpasync|bulk|box|tile|dsmem|stage BYTES_PER_ROW ROWS_PER_STAGE MS [WORK]\n";
   if (argc < 5) {
     std::fprintf(stderr, "%s", usage);
     return 2;
@@ -196,15 +240,18 @@ int main(int argc, char** argv) {
                    : name == "box"   ? kBox
                    : name == "dsmem" ? kDsmem
                    : name == "tile"  ? kTile
+                   : name == "stage" ? kStage
                                      : -1;
   const int bpr = std::atoi(argv[2]), rps = std::atoi(argv[3]);
   const double run_ms = std::atof(argv[4]);
+  const int work = argc > 5 ? std::atoi(argv[5]) : 0;  // cycles each stage is held after its wait
   const bool sizes_ok = bpr > 0 && bpr % 16 == 0 && rps > 0 && bpr * rps <= kSmem / 2 &&
                         (mode != kCpAsync || bpr <= 128) && (mode != kBox || bpr == 128) &&
-                        (mode != kTile || (bpr == 128 && rps <= 256)) && (mode != kDsmem || rps == 1);
+                        (mode != kTile || (bpr == 128 && rps <= 256)) && (mode != kDsmem || rps == 1) &&
+                        (mode != kStage || (bpr == 128 && rps == 384));
   if (mode < 0 || !sizes_ok) {
     std::fprintf(stderr, "%sunknown mode or bad sizes (cpasync: <= 128 B per row; box, tile: 128 B; tile: <= 256 rows;"
-                 " dsmem: 1 row; a stage <= 96 KB)\n", usage);
+                 " dsmem: 1 row; stage: 128 B x 384 rows; a stage <= 96 KB)\n", usage);
     return 2;
   }
   int sms = 0;
@@ -218,14 +265,15 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sms * sizeof(unsigned long long)));
   EPMOE_CUDA_CHECK(cudaMalloc(&chk, sizeof(unsigned)));
   // The kernels' own matrix map (128B swizzle, box {64, rows}): {64, 1} per row, or {64, R} for a tile.
-  const CUtensorMap map = make_matrix_map(x, kRows, kHidden, mode == kTile ? rps : 1);
+  const CUtensorMap map = make_matrix_map(x, kRows, kHidden, mode == kTile ? rps : mode == kStage ? 128 : 1);
+  const CUtensorMap map_b = make_matrix_map(x, kRows, kHidden, 256);
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(gather_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(dsmem_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   auto launch = [&](int n) {
     if (mode == kDsmem)
       dsmem_stream<<<sms / 2 * 2, 128, kSmem>>>(bpr, n, cyc, chk);
     else
-      gather_stream<<<sms, 128, kSmem>>>(x, map, mode, bpr, rps, n, cyc, chk);
+      gather_stream<<<sms, 128, kSmem>>>(x, map, map_b, mode, bpr, rps, n, work, cyc, chk);
   };
   const int stages = 2000;
   cudaEvent_t a, b;
@@ -256,9 +304,9 @@ int main(int argc, char** argv) {
   const double stage_bytes = double(bpr) * rps;
   const double per_stage_cyc = cyc_mean / stages;
   std::printf(
-      "mode=%s bytes_per_row=%d rows_per_stage=%d stages=%d launches=%zu | median %.3f ms | %.1f ns/stage | "
+      "mode=%s bytes_per_row=%d rows_per_stage=%d work=%d stages=%d launches=%zu | median %.3f ms | %.1f ns/stage | "
       "%.0f cycles/stage | %.1f cycles/row | %.1f B/cycle/SM | %.1f GB/s all SMs | SM clock %.0f MHz\n",
-      argv[1], bpr, rps, stages, times.size(), med, med * 1e6 / stages, per_stage_cyc, per_stage_cyc / rps,
+      argv[1], bpr, rps, work, stages, times.size(), med, med * 1e6 / stages, per_stage_cyc, per_stage_cyc / rps,
       stage_bytes / per_stage_cyc, stage_bytes * stages * sms / (med * 1e-3) / 1e9, per_stage_cyc * stages / (med * 1e3));
   return 0;
 }
