@@ -14,6 +14,15 @@
 // `nvidia-smi --query-gpu=power.draw,clocks.sm -lms 100` beside it to give the energy per byte
 // (docs/PERF.md, session 23, has the runs and the figures). Not built by CMake: a measurement tool.
 //
+// Read its stage rates as lower bounds: the harness loop itself costs ~850-900 cycles per stage
+// (thread 0's issue path ~450 of them, of which the TMA instructions ~65-70 each; the rest is the
+// wait, the touch and the __syncthreads), whatever the stage's size, and its consumers' WORK adds to
+// that instead of overlapping the loads (docs/PERF.md, session 24). So stages of 16-48 KB by tensor
+// boxes all sit at that floor; per-request costs far above it (1-row boxes, cp.async) stand.
+// Build flags: -DGRC_WAIT=0|1|2 (how consumers wait: the kernels' try_wait / a test_wait spin /
+// try_wait with a 10 ms hint), -DGRC_PREFETCH_DESC (prefetch.tensormap at the start, as the kernels
+// do), -DGRC_ISSUE_PROBE (CTA 0 prints the stage mode's cycles in expect_tx and in each box issue).
+//
 // From the repository root (the PTX wrappers, tensor maps and error checks are the kernels' own):
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/gather_request_cost.cu \
 //        kernels/sm90_tensor_maps.cu src/error.cpp -o grc -lcuda
@@ -98,9 +107,18 @@ __global__ void __launch_bounds__(128, 1)
   const int nbuf = min(16, kSmem / stage_bytes);
   const int t = int(threadIdx.x);
   if (t < nbuf) mbar_init(smem_u32(&bars[t]), mode == kCpAsync ? 128u : 1u);
+#ifdef GRC_PREFETCH_DESC
+  if (t == 0) {  // as the kernels do once at their start
+    tma_prefetch_desc(&map);
+    tma_prefetch_desc(&map_b);
+  }
+#endif
   mbar_fence_init();
   __syncthreads();
   const int col_steps = max(1, kHidden * 2 / bytes_per_row);  // a row's segments, walked like k steps
+#ifdef GRC_ISSUE_PROBE
+  long long probe[3] = {0, 0, 0};
+#endif
   auto issue = [&](int s) {
     const int b = s % nbuf;
     const uint32_t bar = smem_u32(&bars[b]);
@@ -118,12 +136,23 @@ __global__ void __launch_bounds__(128, 1)
       cp_async_mbar_arrive_noinc(bar);
     } else if (mode == kStage) {  // DOWN's stage: A {64, 128} own rows + B {64, 256} rows shared by 5 CTAs
       if (t == 0) {
-        mbar_arrive_expect_tx(bar, uint32_t(stage_bytes));
         const uint32_t item = uint32_t(s / 32), k = uint32_t(s % 32);
         const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(kRows - 128 + 1));
         const int rb = int(hash3(blockIdx.x / 5, item, 2) % uint32_t(kRows - 256 + 1));
+#ifdef GRC_ISSUE_PROBE  // where thread 0's issue time goes: expect_tx / A box / B box
+        long long p0 = clock64();
+        mbar_arrive_expect_tx(bar, uint32_t(stage_bytes));
+        long long p1 = clock64();
+        tma_load_2d(smem_u32(dst), &map, bar, int(k) * 64, ra);
+        long long p2 = clock64();
+        tma_load_2d(smem_u32(dst + 128 * 128), &map_b, bar, int(k) * 64, rb);
+        long long p3 = clock64();
+        probe[0] += p1 - p0, probe[1] += p2 - p1, probe[2] += p3 - p2;
+#else
+        mbar_arrive_expect_tx(bar, uint32_t(stage_bytes));
         tma_load_2d(smem_u32(dst), &map, bar, int(k) * 64, ra);
         tma_load_2d(smem_u32(dst + 128 * 128), &map_b, bar, int(k) * 64, rb);
+#endif
       }
     } else if (mode == kTile) {  // one {64, R} box of R consecutive rows: the from-xs A load
       if (t == 0) {
@@ -156,6 +185,7 @@ __global__ void __launch_bounds__(128, 1)
   const long long t0 = clock64();
   for (int s = 0; s < min(nbuf, stages); ++s) issue(s);
   unsigned sum = 0;
+  long long issue_cycles = 0;
   for (int s = 0; s < stages; ++s) {
     const int b = s % nbuf;
     grc_wait(smem_u32(&bars[b]), uint32_t((s / nbuf) & 1));
@@ -166,10 +196,22 @@ __global__ void __launch_bounds__(128, 1)
       }
     }
     __syncthreads();  // every thread past the wait before the buffer is refilled
-    if (s + nbuf < stages) issue(s + nbuf);
+    if (s + nbuf < stages) {
+      const long long ti = clock64();
+      issue(s + nbuf);
+      issue_cycles += clock64() - ti;
+    }
   }
   const long long t1 = clock64();
-  if (t == 0) cycles_out[blockIdx.x] = (unsigned long long)(t1 - t0);
+  if (t == 0) {
+    cycles_out[blockIdx.x] = (unsigned long long)(t1 - t0);
+    cycles_out[gridDim.x + blockIdx.x] = (unsigned long long)issue_cycles;  // thread 0: the TMA modes' issuer
+#ifdef GRC_ISSUE_PROBE
+    if (blockIdx.x == 0)
+      printf("probe (CTA 0, cycles per stage): expect_tx %.0f, A box %.0f, B box %.0f\n", double(probe[0]) / stages,
+             double(probe[1]) / stages, double(probe[2]) / stages);
+#endif
+  }
   if (sum == 0xFFFFFFFFu) atomicAdd(checksum, sum);
 #endif
 }
@@ -262,7 +304,8 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaGetLastError());
   unsigned long long* cyc = nullptr;
   unsigned* chk = nullptr;
-  EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sms * sizeof(unsigned long long)));
+  EPMOE_CUDA_CHECK(cudaMalloc(&cyc, 2 * sms * sizeof(unsigned long long)));
+  EPMOE_CUDA_CHECK(cudaMemset(cyc, 0, 2 * sms * sizeof(unsigned long long)));
   EPMOE_CUDA_CHECK(cudaMalloc(&chk, sizeof(unsigned)));
   // The kernels' own matrix map (128B swizzle, box {64, rows}): {64, 1} per row, or {64, R} for a tile.
   const CUtensorMap map = make_matrix_map(x, kRows, kHidden, mode == kTile ? rps : mode == kStage ? 128 : 1);
@@ -295,18 +338,22 @@ int main(int argc, char** argv) {
     elapsed += ms;
   }
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  std::vector<unsigned long long> c(sms);
-  EPMOE_CUDA_CHECK(cudaMemcpy(c.data(), cyc, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+  std::vector<unsigned long long> c(2 * size_t(sms));
+  EPMOE_CUDA_CHECK(cudaMemcpy(c.data(), cyc, 2 * sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
   std::sort(times.begin(), times.end());
   const double med = times[times.size() / 2];
   double cyc_mean = 0;
-  for (auto v : c) cyc_mean += double(v) / sms;
+  double issue_mean = 0;
+  for (int i = 0; i < sms; ++i) {
+    cyc_mean += double(c[size_t(i)]) / sms;
+    issue_mean += double(c[size_t(sms + i)]) / sms;
+  }
   const double stage_bytes = double(bpr) * rps;
   const double per_stage_cyc = cyc_mean / stages;
   std::printf(
       "mode=%s bytes_per_row=%d rows_per_stage=%d work=%d stages=%d launches=%zu | median %.3f ms | %.1f ns/stage | "
-      "%.0f cycles/stage | %.1f cycles/row | %.1f B/cycle/SM | %.1f GB/s all SMs | SM clock %.0f MHz\n",
-      argv[1], bpr, rps, work, stages, times.size(), med, med * 1e6 / stages, per_stage_cyc, per_stage_cyc / rps,
+      "%.0f cycles/stage (thread 0 issuing: %.0f) | %.1f cycles/row | %.1f B/cycle/SM | %.1f GB/s all SMs | SM clock %.0f MHz\n",
+      argv[1], bpr, rps, work, stages, times.size(), med, med * 1e6 / stages, per_stage_cyc, issue_mean / stages, per_stage_cyc / rps,
       stage_bytes / per_stage_cyc, stage_bytes * stages * sms / (med * 1e-3) / 1e9, per_stage_cyc * stages / (med * 1e3));
   return 0;
 }
