@@ -122,8 +122,10 @@ void run(int warpgroups, int steps, int sms) {
   EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
   EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
   kernel<<<sms, 128 * warpgroups, kSmem>>>(steps, d_cycles, d_sink);  // warm-up
+  EPMOE_CUDA_CHECK(cudaGetLastError());
   EPMOE_CUDA_CHECK(cudaEventRecord(e0));
   kernel<<<sms, 128 * warpgroups, kSmem>>>(steps, d_cycles, d_sink);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
   EPMOE_CUDA_CHECK(cudaEventRecord(e1));
   EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
   float ms = 0.0f;
