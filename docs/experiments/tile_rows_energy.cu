@@ -1,0 +1,254 @@
+// Microbenchmark: does a taller CTA tile buy FLOP/s at the 700 W cap? The kernels' mainloop (a TMA
+// producer warp feeding a 4-deep ring of stages, consumer warpgroups each issuing m64nNk16 wgmmas on
+// 64 rows against a shared N-row B tile) run as 2 consumer warpgroups x N = 256 (the 128 x 256 tile of
+// today's UP/DOWN: 48 KB per k step), 3 x 192 (a 192 x 192 tile: the same 48 KB per k step for 12.5%
+// more MACs, -11% L2->shared bytes per MAC, but +7% shared->tensor bytes per MAC from the narrower
+// instruction) or 2 x 192 (a control for the n192 instruction). 3 x 256 (192 x 256, -24% bytes per
+// MAC) cannot be built: a 512-thread CTA gives ptxas 128 registers for every instruction whatever
+// setmaxnreg says, and m64n256k16 needs >= 154 (C7602; NVIDIA/cutlass issue 2904 hits the same). With
+// nothing else: no epilogue, operands L2-resident (random bf16), A = each CTA's own rows, B = rows
+// shared by 5 CTAs at a time, both kept for 32 k steps (an item at K = 2048). Why: at the cap the
+// layer's time is its energy (docs/PERF.md, session 24), and a taller tile is the one way left to move
+// fewer operand bytes per FLOP (docs/OPTIMIZATIONS.md, "considered, not built"). Run each form for
+// seconds beside `nvidia-smi --query-gpu=power.draw,clocks.sm -lms 100`; compare the steady TFLOP/s.
+// Printed: MAC per cycle per SM (clock64, the schedule's efficiency) and TFLOP/s (events, median of
+// the launches after the first second). Not built by CMake: a measurement tool.
+//
+// From the repository root:
+//   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
+//        kernels/sm90_tensor_maps.cu src/error.cpp -o tre -lcuda
+//   ./tre FORM MS     FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N); MS = milliseconds of launches
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda_check.cuh"
+#include "kernels/sm90_common.cuh"
+#include "kernels/sm90_tensor_maps.cuh"
+
+using namespace epmoe::kernels::sm90;
+
+namespace {
+constexpr int kRowsX = 4096, kK = 2048;    // A and B sources: 4096 x 2048 bf16 each, 16 MB (L2-resident)
+constexpr int kRing = 4, kKSteps = kK / 64;  // 32 k steps per item
+__host__ __device__ constexpr uint32_t abytes(int wgs) { return uint32_t(wgs) * 64 * 128; }
+__host__ __device__ constexpr uint32_t bbytes(int n) { return uint32_t(n) * 128; }
+__host__ __device__ constexpr uint32_t smem_bytes(int wgs, int n) { return 1024 + kRing * (abytes(wgs) + bbytes(n)); }
+static_assert(smem_bytes(3, 192) <= 227 * 1024, "the 3-warpgroup ring must fit the opt-in limit");
+// Register split (setmaxnreg): the producer warpgroup gives up what the consumers take.
+constexpr uint32_t kProducerRegs = 40;
+__host__ __device__ constexpr uint32_t consumer_regs(int wgs) { return wgs == 2 ? 232 : 152; }
+static_assert(kProducerRegs * 128 + 2 * 128 * consumer_regs(2) <= 65536 / 384 / 8 * 8 * 384, "2-WG split");
+static_assert(kProducerRegs * 128 + 3 * 128 * consumer_regs(3) <= 65536 / 512 / 8 * 8 * 512, "3-WG split");
+
+// D[64 x 192] (+)= A[64 x 16] * B[192 x 16]^T (K-major smem descriptors), fp32 accumulate; scale_d 0
+// starts a new accumulation. Same fragment layout as wgmma_m64n256k16_bf16, 96 registers.
+__device__ __forceinline__ void wgmma_m64n192k16_bf16(float (&d)[96], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63,"
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79,"
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// Keeps the compiler from moving accumulator reads/writes across wgmma issue/wait points.
+template <int N>
+__device__ __forceinline__ void fence_acc(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ uint32_t hash3(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
+  h ^= h >> 15;
+  h *= 0x2C1B3C6Du;
+  h ^= h >> 12;
+  return h;
+}
+__global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = hash3(uint32_t(i), uint32_t(i >> 32), seed);
+    const __nv_bfloat16 lo = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
+    const __nv_bfloat16 hi = __float2bfloat16(float(h >> 16) / 32768.f - 1.f);
+    p[i] = uint32_t(__bfloat16_as_ushort(lo)) | uint32_t(__bfloat16_as_ushort(hi)) << 16;
+  }
+}
+
+template <int kWG, int kN>
+__global__ void __launch_bounds__(128 * (kWG + 1), 1)
+    tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, int steps,
+                  long long* cycles, float* sink) {
+#if EPMOE_SM90A_DEVICE
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  __shared__ __align__(8) uint64_t full[kRing], empty[kRing];
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  constexpr uint32_t kA = abytes(kWG), kStage = abytes(kWG) + bbytes(kN);
+  const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
+  if (threadIdx.x < kRing) {
+    mbar_init(smem_u32(&full[threadIdx.x]), 1);
+    mbar_init(smem_u32(&empty[threadIdx.x]), 128 * kWG);  // every consumer thread releases
+  }
+  mbar_fence_init();
+  __syncthreads();
+  if (wg == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (t == 0) {
+      tma_prefetch_desc(&map_a);
+      tma_prefetch_desc(&map_b);
+      for (int s = 0; s < steps; ++s) {
+        const int slot = s % kRing;
+        if (s >= kRing) mbar_wait(smem_u32(&empty[slot]), uint32_t((s / kRing - 1) & 1));
+        const uint32_t bar = smem_u32(&full[slot]);
+        mbar_arrive_expect_tx(bar, kStage);
+        const uint32_t item = uint32_t(s / kKSteps), k = uint32_t(s % kKSteps);
+        const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(kRowsX - 64 * kWG + 1));
+        const int rb = int(hash3(blockIdx.x / 5, item, 2) % uint32_t(kRowsX - kN + 1));
+        const uint32_t dst = base + uint32_t(slot) * kStage;
+        tma_load_2d(dst, &map_a, bar, int(k) * 64, ra);
+        tma_load_2d(dst + kA, &map_b, bar, int(k) * 64, rb);
+      }
+    }
+  } else {
+    setmaxnreg_inc<consumer_regs(kWG)>();
+    float acc[kN / 2];
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
+    const long long t0 = clock64();
+    for (int s = 0; s < steps; ++s) {
+      const int slot = s % kRing;
+      mbar_wait(smem_u32(&full[slot]), uint32_t((s / kRing) & 1));
+      const uint32_t st = base + uint32_t(slot) * kStage;
+      const uint32_t da = smem_desc_sw128_lo(st + uint32_t(wg - 1) * 64 * 128);
+      const uint32_t db = smem_desc_sw128_lo(st + kA);
+      fence_acc(acc);
+      wgmma_fence();
+      // An item's first k step starts a new accumulation, as the kernels' items do.
+      const int first = (s % kKSteps) == 0 ? 0 : 1;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t a = smem_desc_sw128_join(da + 2 * kk), b = smem_desc_sw128_join(db + 2 * kk);
+        if constexpr (kN == 256)
+          wgmma_m64n256k16_bf16(acc, a, b, kk == 0 ? first : 1);
+        else
+          wgmma_m64n192k16_bf16(acc, a, b, kk == 0 ? first : 1);
+      }
+      wgmma_commit();
+      wgmma_wait<1>();
+      fence_acc(acc);
+      if (s > 0) mbar_arrive(smem_u32(&empty[(s - 1) % kRing]));  // step s-1's wgmmas are done
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    const long long t1 = clock64();
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) sum += acc[i];
+    if (t == 0) cycles[blockIdx.x * 3 + (wg - 1)] = t1 - t0;
+    sink[blockIdx.x * 384 + (wg - 1) * 128 + t] = sum;
+  }
+#else
+  (void)map_a, (void)map_b, (void)steps, (void)cycles, (void)sink;
+#endif
+}
+
+template <int kWG, int kN>
+int run(double run_ms) {
+  int sms = 0;
+  EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  __nv_bfloat16 *a = nullptr, *b = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&a, size_t(kRowsX) * kK * 2));
+  EPMOE_CUDA_CHECK(cudaMalloc(&b, size_t(kRowsX) * kK * 2));
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(a), size_t(kRowsX) * kK / 2, 12345u);
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(b), size_t(kRowsX) * kK / 2, 777u);
+  EPMOE_CUDA_CHECK(cudaGetLastError());
+  const CUtensorMap map_a = make_matrix_map(a, kRowsX, kK, 64 * kWG);
+  const CUtensorMap map_b = make_matrix_map(b, kRowsX, kK, kN);
+  long long* cyc = nullptr;
+  float* sink = nullptr;
+  EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sizeof(long long) * 3 * size_t(sms)));
+  EPMOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * 384 * size_t(sms)));
+  auto kernel = tile_mainloop<kWG, kN>;
+  const uint32_t smem = smem_bytes(kWG, kN);
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  // About 2 ms per launch for every form (~6.4e9 MACs per SM).
+  const int steps = int(6.4e9 / (64.0 * kWG * kN * 64) / kKSteps) * kKSteps;
+  cudaEvent_t e0, e1;
+  EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> late;  // launches after the first second: the power-capped steady state
+  double elapsed = 0;
+  while (elapsed < run_ms) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(e0));
+    kernel<<<sms, 128 * (kWG + 1), smem>>>(map_a, map_b, steps, cyc, sink);
+    EPMOE_CUDA_CHECK(cudaGetLastError());
+    EPMOE_CUDA_CHECK(cudaEventRecord(e1));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (elapsed > 1000.0) late.push_back(ms);
+    elapsed += ms;
+  }
+  if (late.empty()) {
+    std::fprintf(stderr, "tre: run for more than 1000 ms to reach the steady state\n");
+    return 2;
+  }
+  std::vector<long long> c(3 * size_t(sms));
+  EPMOE_CUDA_CHECK(cudaMemcpy(c.data(), cyc, c.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+  std::vector<long long> v;
+  for (int i = 0; i < sms; ++i)
+    for (int w = 0; w < kWG; ++w) v.push_back(c[3 * size_t(i) + size_t(w)]);
+  std::sort(v.begin(), v.end());
+  std::sort(late.begin(), late.end());
+  const double med_ms = late[late.size() / 2];
+  const double macs = double(sms) * steps * 64.0 * kWG * kN * 64;
+  const double cyc_med = double(v[v.size() / 2]);
+  std::printf("consumer warpgroups %d x m64n%dk16 (tile %d x %d, %u KB per k step) | %.1f cycles per k step | MAC/cycle/SM %.0f "
+              "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
+              kWG, kN, 64 * kWG, kN, (abytes(kWG) + bbytes(kN)) / 1024, cyc_med / steps, macs / sms / cyc_med,
+              100.0 * macs / sms / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
+              cyc_med / (med_ms * 1e3));
+  EPMOE_CUDA_CHECK(cudaFree(a));
+  EPMOE_CUDA_CHECK(cudaFree(b));
+  EPMOE_CUDA_CHECK(cudaFree(cyc));
+  EPMOE_CUDA_CHECK(cudaFree(sink));
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string form = argc > 1 ? argv[1] : "";
+  const double ms = argc > 2 ? std::atof(argv[2]) : 3000.0;
+  if (form == "2x256") return run<2, 256>(ms);
+  if (form == "3x192") return run<3, 192>(ms);
+  if (form == "2x192") return run<2, 192>(ms);
+  std::fprintf(stderr, "usage: tre 2x256|3x192|2x192 [MS]   (consumer warpgroups x N; milliseconds of launches, > 1000)\n");
+  return 2;
+}
