@@ -17,7 +17,9 @@
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
 //        kernels/sm90_tensor_maps.cu src/error.cpp -o tre -lcuda
-//   ./tre FORM MS     FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N); MS = milliseconds of launches
+//   ./tre FORM MS [ROWS_A ROWS_B]   FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N); MS = milliseconds
+//                                   of launches; source rows (default 4096: 16 MB each, L2-resident; 262144 =
+//                                   1 GB: each item's rows come from DRAM, as the weights do in the kernels)
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -36,7 +38,7 @@
 using namespace epmoe::kernels::sm90;
 
 namespace {
-constexpr int kRowsX = 4096, kK = 2048;    // A and B sources: 4096 x 2048 bf16 each, 16 MB (L2-resident)
+constexpr int kK = 2048;  // A and B sources: ROWS x 2048 bf16 (default 4096 rows, 16 MB each: L2-resident)
 constexpr int kRing = 4, kKSteps = kK / 64;  // 32 k steps per item
 __host__ __device__ constexpr uint32_t abytes(int wgs) { return uint32_t(wgs) * 64 * 128; }
 __host__ __device__ constexpr uint32_t bbytes(int n) { return uint32_t(n) * 128; }
@@ -105,7 +107,7 @@ __global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
 template <int kWG, int kN>
 __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, int steps,
-                  long long* cycles, float* sink) {
+                  int rows_a, int rows_b, long long* cycles, float* sink) {
 #if EPMOE_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   __shared__ __align__(8) uint64_t full[kRing], empty[kRing];
@@ -129,8 +131,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         const uint32_t bar = smem_u32(&full[slot]);
         mbar_arrive_expect_tx(bar, kStage);
         const uint32_t item = uint32_t(s / kKSteps), k = uint32_t(s % kKSteps);
-        const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(kRowsX - 64 * kWG + 1));
-        const int rb = int(hash3(blockIdx.x / 5, item, 2) % uint32_t(kRowsX - kN + 1));
+        const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 * kWG + 1));
+        const int rb = int(hash3(blockIdx.x / 5, item, 2) % uint32_t(rows_b - kN + 1));
         const uint32_t dst = base + uint32_t(slot) * kStage;
         tma_load_2d(dst, &map_a, bar, int(k) * 64, ra);
         tma_load_2d(dst + kA, &map_b, bar, int(k) * 64, rb);
@@ -175,22 +177,22 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     sink[blockIdx.x * 384 + (wg - 1) * 128 + t] = sum;
   }
 #else
-  (void)map_a, (void)map_b, (void)steps, (void)cycles, (void)sink;
+  (void)map_a, (void)map_b, (void)steps, (void)rows_a, (void)rows_b, (void)cycles, (void)sink;
 #endif
 }
 
 template <int kWG, int kN>
-int run(double run_ms) {
+int run(double run_ms, int rows_a, int rows_b) {
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   __nv_bfloat16 *a = nullptr, *b = nullptr;
-  EPMOE_CUDA_CHECK(cudaMalloc(&a, size_t(kRowsX) * kK * 2));
-  EPMOE_CUDA_CHECK(cudaMalloc(&b, size_t(kRowsX) * kK * 2));
-  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(a), size_t(kRowsX) * kK / 2, 12345u);
-  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(b), size_t(kRowsX) * kK / 2, 777u);
+  EPMOE_CUDA_CHECK(cudaMalloc(&a, size_t(rows_a) * kK * 2));
+  EPMOE_CUDA_CHECK(cudaMalloc(&b, size_t(rows_b) * kK * 2));
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(a), size_t(rows_a) * kK / 2, 12345u);
+  fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(b), size_t(rows_b) * kK / 2, 777u);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  const CUtensorMap map_a = make_matrix_map(a, kRowsX, kK, 64 * kWG);
-  const CUtensorMap map_b = make_matrix_map(b, kRowsX, kK, kN);
+  const CUtensorMap map_a = make_matrix_map(a, rows_a, kK, 64 * kWG);
+  const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kN);
   long long* cyc = nullptr;
   float* sink = nullptr;
   EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sizeof(long long) * 3 * size_t(sms)));
@@ -207,7 +209,7 @@ int run(double run_ms) {
   double elapsed = 0;
   while (elapsed < run_ms) {
     EPMOE_CUDA_CHECK(cudaEventRecord(e0));
-    kernel<<<sms, 128 * (kWG + 1), smem>>>(map_a, map_b, steps, cyc, sink);
+    kernel<<<sms, 128 * (kWG + 1), smem>>>(map_a, map_b, steps, rows_a, rows_b, cyc, sink);
     EPMOE_CUDA_CHECK(cudaGetLastError());
     EPMOE_CUDA_CHECK(cudaEventRecord(e1));
     EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
@@ -230,9 +232,9 @@ int run(double run_ms) {
   const double med_ms = late[late.size() / 2];
   const double macs = double(sms) * steps * 64.0 * kWG * kN * 64;
   const double cyc_med = double(v[v.size() / 2]);
-  std::printf("consumer warpgroups %d x m64n%dk16 (tile %d x %d, %u KB per k step) | %.1f cycles per k step | MAC/cycle/SM %.0f "
+  std::printf("consumer warpgroups %d x m64n%dk16 (tile %d x %d, %u KB per k step; sources %d / %d rows) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
-              kWG, kN, 64 * kWG, kN, (abytes(kWG) + bbytes(kN)) / 1024, cyc_med / steps, macs / sms / cyc_med,
+              kWG, kN, 64 * kWG, kN, (abytes(kWG) + bbytes(kN)) / 1024, rows_a, rows_b, cyc_med / steps, macs / sms / cyc_med,
               100.0 * macs / sms / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
               cyc_med / (med_ms * 1e3));
   EPMOE_CUDA_CHECK(cudaFree(a));
@@ -246,9 +248,12 @@ int run(double run_ms) {
 int main(int argc, char** argv) {
   const std::string form = argc > 1 ? argv[1] : "";
   const double ms = argc > 2 ? std::atof(argv[2]) : 3000.0;
-  if (form == "2x256") return run<2, 256>(ms);
-  if (form == "3x192") return run<3, 192>(ms);
-  if (form == "2x192") return run<2, 192>(ms);
-  std::fprintf(stderr, "usage: tre 2x256|3x192|2x192 [MS]   (consumer warpgroups x N; milliseconds of launches, > 1000)\n");
+  const int rows_a = argc > 3 ? std::atoi(argv[3]) : 4096, rows_b = argc > 4 ? std::atoi(argv[4]) : 4096;
+  const bool rows_ok = rows_a >= 256 && rows_b >= 256 && rows_a <= (1 << 20) && rows_b <= (1 << 20);
+  if (rows_ok && form == "2x256") return run<2, 256>(ms, rows_a, rows_b);
+  if (rows_ok && form == "3x192") return run<3, 192>(ms, rows_a, rows_b);
+  if (rows_ok && form == "2x192") return run<2, 192>(ms, rows_a, rows_b);
+  std::fprintf(stderr, "usage: tre 2x256|3x192|2x192 [MS [ROWS_A ROWS_B]]   (consumer warpgroups x N; milliseconds of"
+               " launches, > 1000; source rows 256..1048576, default 4096 = 16 MB, L2-resident)\n");
   return 2;
 }
