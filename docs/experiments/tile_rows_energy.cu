@@ -6,10 +6,11 @@
 // instruction) or 2 x 192 (a control for the n192 instruction). 3 x 256 (192 x 256, -24% bytes per
 // MAC) cannot be built: a 512-thread CTA gives ptxas 128 registers for every instruction whatever
 // setmaxnreg says, and m64n256k16 needs >= 154 (C7602; NVIDIA/cutlass issue 2904 hits the same). With
-// nothing else: no epilogue, operands L2-resident (random bf16), A = each CTA's own rows, B = rows
-// shared by 5 CTAs at a time, both kept for 32 k steps (an item at K = 2048). Why: at the cap the
-// layer's time is its energy (docs/PERF.md, session 24), and a taller tile is the one way left to move
-// fewer operand bytes per FLOP (docs/OPTIMIZATIONS.md, "considered, not built"). Run each form for
+// nothing else: no epilogue, random bf16 operands (L2-resident by default), A = each CTA's own rows,
+// B = rows shared by 5 CTAs at a time, both kept for 32 k steps (an item at K = 2048). Why: at the cap
+// the layer's time is its energy (docs/PERF.md, session 24), and a taller tile is the one way left to
+// move fewer operand bytes per FLOP; with larger sources (ROWS_A, ROWS_B) the items' rows come from
+// DRAM, which prices a DRAM-sourced byte at the cap (session 24, S24-11 and S24-12). Run each form for
 // seconds beside `nvidia-smi --query-gpu=power.draw,clocks.sm -lms 100`; compare the steady TFLOP/s.
 // Printed: MAC per cycle per SM (clock64, the schedule's efficiency) and TFLOP/s (events, median of
 // the launches after the first second). Not built by CMake: a measurement tool.
