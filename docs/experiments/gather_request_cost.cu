@@ -45,30 +45,17 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
+#include "docs/experiments/random_bf16.cuh"
 
 using namespace epmoe::kernels::sm90;
+using epmoe::experiments::fill_random;
+using epmoe::experiments::hash3;
 
 namespace {
 constexpr int kRows = 2048, kHidden = 7168;  // x: 29 MB, fits the 60 MB L2
 constexpr int kSmem = 192 * 1024;
 enum Mode { kCpAsync = 0, kBulk = 1, kBox = 2, kDsmem = 3, kTile = 4, kStage = 5 };
 
-__device__ __forceinline__ uint32_t hash3(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
-  h ^= h >> 15;
-  h *= 0x2C1B3C6Du;
-  h ^= h >> 12;
-  return h;
-}
-// Fresh pseudo-random bf16 in [-1, 1) (the energy of moving bytes depends on how their bits toggle).
-__global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
-    const uint32_t h = hash3(uint32_t(i), uint32_t(i >> 32), seed);
-    const __nv_bfloat16 lo = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
-    const __nv_bfloat16 hi = __float2bfloat16(float(h >> 16) / 32768.f - 1.f);
-    p[i] = uint32_t(__bfloat16_as_ushort(lo)) | uint32_t(__bfloat16_as_ushort(hi)) << 16;
-  }
-}
 
 // How a stage's consumers wait (build flag -DGRC_WAIT): 0 = the kernels' mbar_wait (try_wait without a
 // suspend-time hint), 1 = a test_wait spin (never suspends), 2 = try_wait with a 10 ms hint (CUTLASS's form).

@@ -35,8 +35,11 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
+#include "docs/experiments/random_bf16.cuh"
 
 using namespace epmoe::kernels::sm90;
+using epmoe::experiments::fill_random;
+using epmoe::experiments::hash3;
 
 namespace {
 constexpr int kK = 2048;  // A and B sources: ROWS x 2048 bf16 (default 4096 rows, 16 MB each: L2-resident)
@@ -88,21 +91,6 @@ template <int N>
 __device__ __forceinline__ void fence_acc(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-__device__ __forceinline__ uint32_t hash3(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t h = a * 0x9E3779B1u ^ (b + 0x7F4A7C15u) * 0x85EBCA77u ^ (c + 0x165667B1u) * 0xC2B2AE3Du;
-  h ^= h >> 15;
-  h *= 0x2C1B3C6Du;
-  h ^= h >> 12;
-  return h;
-}
-__global__ void fill_random(uint32_t* p, size_t words, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
-    const uint32_t h = hash3(uint32_t(i), uint32_t(i >> 32), seed);
-    const __nv_bfloat16 lo = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
-    const __nv_bfloat16 hi = __float2bfloat16(float(h >> 16) / 32768.f - 1.f);
-    p[i] = uint32_t(__bfloat16_as_ushort(lo)) | uint32_t(__bfloat16_as_ushort(hi)) << 16;
-  }
 }
 
 template <int kWG, int kN>
