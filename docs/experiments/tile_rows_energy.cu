@@ -14,13 +14,20 @@
 // seconds beside `nvidia-smi --query-gpu=power.draw,clocks.sm -lms 100`; compare the steady TFLOP/s.
 // Printed: MAC per cycle per SM (clock64, the schedule's efficiency) and TFLOP/s (events, median of
 // the launches after the first second). Not built by CMake: a measurement tool.
+// Session 25 added what prices the kernels' other cycles at the cap (docs/PERF.md, session 25): B
+// multicast in 2-CTA clusters (2x256mc), split A / B rings (2x256a4b5 ...), an epilogue-like bubble
+// per item (IDLE) and padding items whose A rows are zero (PAD), and the B blocks' sharing (BSHARE).
 //
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
 //        kernels/sm90_tensor_maps.cu src/error.cpp -o tre -lcuda
-//   ./tre FORM MS [ROWS_A ROWS_B]   FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N); MS = milliseconds
-//                                   of launches; source rows (default 4096: 16 MB each, L2-resident; 262144 =
-//                                   1 GB: each item's rows come from DRAM, as the weights do in the kernels)
+//   ./tre FORM MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]
+//     FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N), 2x256mc (B multicast pairs), 2x256a4b5 |
+//            2x256a3b5 | 2x256a3b4 (A / B rings of their own, B loads run ahead); MS = milliseconds of
+//            launches; source rows (default 4096: 16 MB each, L2-resident; 262144 = 1 GB: each item's rows
+//            come from DRAM, as the weights do in the kernels); CTAS (0: all that fit); BSHARE = CTAs reading
+//            one B block (default 5, 6 for mc); IDLE = cycles slept after each item; PAD = every PAD-th item
+//            half zero rows (< 0: all zero rows)
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -46,13 +53,30 @@ constexpr int kK = 2048;  // A and B sources: ROWS x 2048 bf16 (default 4096 row
 constexpr int kRing = 4, kKSteps = kK / 64;  // 32 k steps per item
 __host__ __device__ constexpr uint32_t abytes(int wgs) { return uint32_t(wgs) * 64 * 128; }
 __host__ __device__ constexpr uint32_t bbytes(int n) { return uint32_t(n) * 128; }
-__host__ __device__ constexpr uint32_t smem_bytes(int wgs, int n) { return 1024 + kRing * (abytes(wgs) + bbytes(n)); }
+__host__ __device__ constexpr uint32_t smem_bytes(int wgs, int n, int ra = kRing, int rb = kRing) {
+  return 1024 + uint32_t(ra) * abytes(wgs) + uint32_t(rb) * bbytes(n);
+}
+static_assert(smem_bytes(2, 256, 4, 5) <= 227 * 1024, "the A4/B5 rings must fit the opt-in limit");
 static_assert(smem_bytes(3, 192) <= 227 * 1024, "the 3-warpgroup ring must fit the opt-in limit");
 // Register split (setmaxnreg): the producer warpgroup gives up what the consumers take.
 constexpr uint32_t kProducerRegs = 40;
 __host__ __device__ constexpr uint32_t consumer_regs(int wgs) { return wgs == 2 ? 232 : 152; }
 static_assert(kProducerRegs * 128 + 2 * 128 * consumer_regs(2) <= 65536 / 384 / 8 * 8 * 384, "2-WG split");
 static_assert(kProducerRegs * 128 + 3 * 128 * consumer_regs(3) <= 65536 / 512 / 8 * 8 * 512, "3-WG split");
+
+// PAD (S25): item `item` of a CTA is a padding item - its A box is rows_a - 64 .. rows_a + 63, whose
+// second half is zero, so warpgroup 2 runs its MMA on zero rows as a tile half of padding does -
+// every pad-th item. Prices a padding row's MMA at the cap against a real row's.
+// PAD < 0: every |pad|-th item is all padding (its box lies in the zero rows, at a hashed offset so
+// that the CTAs do not all read the same lines), as an expert's last, nearly empty tile.
+constexpr int kZeroRows = 1024;
+__device__ __forceinline__ bool pad_item(uint32_t item, int pad) {
+  const uint32_t p = uint32_t(pad < 0 ? -pad : pad);
+  return pad != 0 && item % p == p - 1;
+}
+__device__ __forceinline__ int pad_row(uint32_t item, int pad, int rows_a) {
+  return pad > 0 ? rows_a - 64 : rows_a + int(hash3(blockIdx.x, item, 3) % uint32_t(kZeroRows - 128 + 1));
+}
 
 // D[64 x 192] (+)= A[64 x 16] * B[192 x 16]^T (K-major smem descriptors), fp32 accumulate; scale_d 0
 // starts a new accumulation. Same fragment layout as wgmma_m64n256k16_bf16, 96 registers.
@@ -93,38 +117,97 @@ __device__ __forceinline__ void fence_acc(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <int kWG, int kN>
+// B-multicast form (S25): the same 2 x 256 tile, but a 2-CTA cluster shares the B rows - each CTA
+// loads one 128-row half of the B box and multicasts it into both CTAs' rings, so a CTA reads 32 KB
+// per k step from L2 instead of 48 KB. A slot may be refilled only when the consumers of BOTH CTAs
+// have released it (the peer's multicast writes into this CTA's ring), as in the kernels' clusters.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0,
+                                                      int c1, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+// Split rings (S25, forms 2x256a4b5 / 2x256a3b5): A and B in rings of their own, kRA and kRB deep,
+// with their own full / empty barriers; the producer issues B(s) and then A(s - (kRB - kRA)), so the
+// B loads run one or two k steps further ahead than the A loads - what a deeper weight ring would buy
+// the kernels (whose B comes from DRAM) if their UP gave up its 32 KB epilogue staging for it.
+template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing>
 __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, int steps,
-                  int rows_a, int rows_b, long long* cycles, float* sink) {
+                  int rows_a, int rows_b, int bshare, int idle, int pad, long long* cycles, float* sink) {
 #if EPMOE_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  __shared__ __align__(8) uint64_t full[kRing], empty[kRing];
+  constexpr bool kSplit = kRA != kRB;
+  static_assert(!kSplit || (!kMc && kRB > kRA && kRA >= 2), "split rings: single CTAs, the B ring the deeper");
+  __shared__ __align__(8) uint64_t full[kRing], empty[kRing], full_b[kRB], empty_b[kRB];  // *_b: split rings
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   constexpr uint32_t kA = abytes(kWG), kStage = abytes(kWG) + bbytes(kN);
   const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
-  if (threadIdx.x < kRing) {
+  const uint32_t rank = kMc ? cluster_ctarank() : 0u;
+  if (threadIdx.x < kRing) {  // (split rings: full / empty are the A ring's, kRA <= kRing)
     mbar_init(smem_u32(&full[threadIdx.x]), 1);
-    mbar_init(smem_u32(&empty[threadIdx.x]), 128 * kWG);  // every consumer thread releases
+    mbar_init(smem_u32(&empty[threadIdx.x]), 128 * kWG * (kMc ? 2 : 1));  // every consumer thread (of both CTAs)
+  }
+  if (kSplit && threadIdx.x < kRB) {
+    mbar_init(smem_u32(&full_b[threadIdx.x]), 1);
+    mbar_init(smem_u32(&empty_b[threadIdx.x]), 128 * kWG);
   }
   mbar_fence_init();
-  __syncthreads();
+  if constexpr (kMc) cluster_sync();  // no multicast or remote arrival before the peer's barriers exist
+  else __syncthreads();
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if (t == 0) {
       tma_prefetch_desc(&map_a);
       tma_prefetch_desc(&map_b);
-      for (int s = 0; s < steps; ++s) {
+      auto rows_of = [&](int s, int& ra, int& rb, int& k) {
+        const uint32_t item = uint32_t(s / kKSteps);
+        k = s % kKSteps;
+        ra = pad_item(item, pad) ? pad_row(item, pad, rows_a) : int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 * kWG + 1));
+        rb = int(hash3(blockIdx.x / uint32_t(bshare), item, 2) % uint32_t(rows_b - kN + 1));
+      };
+      if constexpr (kSplit) {
+        constexpr int kLead = kRB - kRA;  // B loads run kLead k steps ahead of A loads
+        for (int s = 0; s < steps + kLead; ++s) {
+          int ra, rb, k;
+          if (s < steps) {
+            const int slot = s % kRB;
+            if (s >= kRB) mbar_wait(smem_u32(&empty_b[slot]), uint32_t((s / kRB - 1) & 1));
+            rows_of(s, ra, rb, k);
+            mbar_arrive_expect_tx(smem_u32(&full_b[slot]), bbytes(kN));
+            tma_load_2d(base + kRA * kA + uint32_t(slot) * bbytes(kN), &map_b, smem_u32(&full_b[slot]), k * 64, rb);
+          }
+          const int a = s - kLead;
+          if (a >= 0) {
+            const int slot = a % kRA;
+            if (a >= kRA) mbar_wait(smem_u32(&empty[slot]), uint32_t((a / kRA - 1) & 1));
+            rows_of(a, ra, rb, k);
+            mbar_arrive_expect_tx(smem_u32(&full[slot]), kA);
+            tma_load_2d(base + uint32_t(slot) * kA, &map_a, smem_u32(&full[slot]), k * 64, ra);
+          }
+        }
+      }
+      for (int s = 0; s < (kSplit ? 0 : steps); ++s) {
         const int slot = s % kRing;
         if (s >= kRing) mbar_wait(smem_u32(&empty[slot]), uint32_t((s / kRing - 1) & 1));
         const uint32_t bar = smem_u32(&full[slot]);
         mbar_arrive_expect_tx(bar, kStage);
         const uint32_t item = uint32_t(s / kKSteps), k = uint32_t(s % kKSteps);
-        const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 * kWG + 1));
-        const int rb = int(hash3(blockIdx.x / 5, item, 2) % uint32_t(rows_b - kN + 1));
+        const int ra =
+            pad_item(item, pad) ? pad_row(item, pad, rows_a) : int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 * kWG + 1));
+        // B rows shared by `bshare` consecutive CTAs (in the multicast form bshare / 2 clusters)
+        const uint32_t bgroup = kMc ? cluster_id_x() / uint32_t(bshare / 2) : blockIdx.x / uint32_t(bshare);
+        const int rb = int(hash3(bgroup, item, 2) % uint32_t(rows_b - kN + 1));
         const uint32_t dst = base + uint32_t(slot) * kStage;
         tma_load_2d(dst, &map_a, bar, int(k) * 64, ra);
-        tma_load_2d(dst + kA, &map_b, bar, int(k) * 64, rb);
+        if constexpr (kMc)
+          tma_load_2d_multicast(dst + kA + rank * (bbytes(kN) / 2), &map_b, bar, int(k) * 64, rb + int(rank) * (kN / 2),
+                                uint16_t(0x3));
+        else
+          tma_load_2d(dst + kA, &map_b, bar, int(k) * 64, rb);
       }
     }
   } else {
@@ -132,13 +215,22 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     float acc[kN / 2];
 #pragma unroll
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
+    const uint32_t peer_empty0 = kMc ? mapa_shared(smem_u32(&empty[0]), rank ^ 1u) : 0u;
     const long long t0 = clock64();
     for (int s = 0; s < steps; ++s) {
-      const int slot = s % kRing;
-      mbar_wait(smem_u32(&full[slot]), uint32_t((s / kRing) & 1));
-      const uint32_t st = base + uint32_t(slot) * kStage;
-      const uint32_t da = smem_desc_sw128_lo(st + uint32_t(wg - 1) * 64 * 128);
-      const uint32_t db = smem_desc_sw128_lo(st + kA);
+      uint32_t da, db;
+      if constexpr (kSplit) {
+        mbar_wait(smem_u32(&full[s % kRA]), uint32_t((s / kRA) & 1));
+        mbar_wait(smem_u32(&full_b[s % kRB]), uint32_t((s / kRB) & 1));
+        da = smem_desc_sw128_lo(base + uint32_t(s % kRA) * kA + uint32_t(wg - 1) * 64 * 128);
+        db = smem_desc_sw128_lo(base + kRA * kA + uint32_t(s % kRB) * bbytes(kN));
+      } else {
+        const int slot = s % kRing;
+        mbar_wait(smem_u32(&full[slot]), uint32_t((s / kRing) & 1));
+        const uint32_t st = base + uint32_t(slot) * kStage;
+        da = smem_desc_sw128_lo(st + uint32_t(wg - 1) * 64 * 128);
+        db = smem_desc_sw128_lo(st + kA);
+      }
       fence_acc(acc);
       wgmma_fence();
       // An item's first k step starts a new accumulation, as the kernels' items do.
@@ -154,7 +246,23 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
       wgmma_commit();
       wgmma_wait<1>();
       fence_acc(acc);
-      if (s > 0) mbar_arrive(smem_u32(&empty[(s - 1) % kRing]));  // step s-1's wgmmas are done
+      if (s > 0 && kSplit) {  // step s-1's wgmmas are done
+        mbar_arrive(smem_u32(&empty[(s - 1) % kRA]));
+        mbar_arrive(smem_u32(&empty_b[(s - 1) % kRB]));
+      } else if (s > 0) {
+        mbar_arrive(smem_u32(&empty[(s - 1) % kRing]));
+        if constexpr (kMc) mbar_arrive_remote(peer_empty0 + 8u * uint32_t((s - 1) % kRing));
+      }
+      // IDLE (S25): an epilogue-like bubble after each item's last k step - the warpgroup drains its
+      // wgmmas and then sleeps `idle` cycles while the producer refills the ring, so the tensor pipe
+      // idles for about idle / (32 x 1024 + idle) of the time. Prices a bubble at the cap: free if the
+      // clock rises to fill it, a full cycle of time if not.
+      if (idle > 0 && s % kKSteps == kKSteps - 1) {
+        wgmma_wait<0>();
+        fence_acc(acc);
+        const long long until = clock64() + idle;
+        while (clock64() < until) __nanosleep(64);
+      }
     }
     wgmma_wait<0>();
     fence_acc(acc);
@@ -165,30 +273,53 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     if (t == 0) cycles[blockIdx.x * 3 + (wg - 1)] = t1 - t0;
     sink[blockIdx.x * 384 + (wg - 1) * 128 + t] = sum;
   }
+  if constexpr (kMc) cluster_sync();  // the peer's multicasts into and arrivals on this CTA are done
 #else
-  (void)map_a, (void)map_b, (void)steps, (void)rows_a, (void)rows_b, (void)cycles, (void)sink;
+  (void)map_a, (void)map_b, (void)steps, (void)rows_a, (void)rows_b, (void)bshare, (void)idle, (void)pad, (void)cycles, (void)sink;
 #endif
 }
 
-template <int kWG, int kN>
-int run(double run_ms, int rows_a, int rows_b) {
+template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing>
+int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, int pad) {
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  auto kernel = tile_mainloop<kWG, kN, kMc, kRA, kRB>;
+  const uint32_t smem = smem_bytes(kWG, kN, kRA, kRB);
+  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  cfg.blockDim = dim3(128 * (kWG + 1));
+  cfg.dynamicSmemBytes = smem;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = kMc ? 2 : 1;
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int fit = sms;  // CTAs resident at once: every SM, or 2 x the clusters that fit
+  if (kMc) {
+    cfg.gridDim = dim3(2 * sms);
+    int clusters = 0;
+    EPMOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg));
+    fit = 2 * clusters;
+  }
+  if (ctas <= 0 || ctas > fit) ctas = fit;
+  if (kMc) ctas &= ~1;
+  cfg.gridDim = dim3(ctas);
   __nv_bfloat16 *a = nullptr, *b = nullptr;
-  EPMOE_CUDA_CHECK(cudaMalloc(&a, size_t(rows_a) * kK * 2));
+  // A has kZeroRows zero rows after its rows_a random ones (a half-padding item's box starts 64 rows
+  // before them).
+  EPMOE_CUDA_CHECK(cudaMalloc(&a, size_t(rows_a + kZeroRows) * kK * 2));
+  EPMOE_CUDA_CHECK(cudaMemset(a + size_t(rows_a) * kK, 0, size_t(kZeroRows) * kK * 2));
   EPMOE_CUDA_CHECK(cudaMalloc(&b, size_t(rows_b) * kK * 2));
   fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(a), size_t(rows_a) * kK / 2, 12345u);
   fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(b), size_t(rows_b) * kK / 2, 777u);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  const CUtensorMap map_a = make_matrix_map(a, rows_a, kK, 64 * kWG);
-  const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kN);
+  const CUtensorMap map_a = make_matrix_map(a, rows_a + kZeroRows, kK, 64 * kWG);
+  const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kMc ? kN / 2 : kN);
   long long* cyc = nullptr;
   float* sink = nullptr;
-  EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sizeof(long long) * 3 * size_t(sms)));
-  EPMOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * 384 * size_t(sms)));
-  auto kernel = tile_mainloop<kWG, kN>;
-  const uint32_t smem = smem_bytes(kWG, kN);
-  EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sizeof(long long) * 3 * size_t(ctas)));
+  EPMOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * 384 * size_t(ctas)));
   // About 2 ms per launch for every form (~6.4e9 MACs per SM).
   const int steps = int(6.4e9 / (64.0 * kWG * kN * 64) / kKSteps) * kKSteps;
   cudaEvent_t e0, e1;
@@ -198,7 +329,7 @@ int run(double run_ms, int rows_a, int rows_b) {
   double elapsed = 0;
   while (elapsed < run_ms) {
     EPMOE_CUDA_CHECK(cudaEventRecord(e0));
-    kernel<<<sms, 128 * (kWG + 1), smem>>>(map_a, map_b, steps, rows_a, rows_b, cyc, sink);
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, steps, rows_a, rows_b, bshare, idle, pad, cyc, sink));
     EPMOE_CUDA_CHECK(cudaGetLastError());
     EPMOE_CUDA_CHECK(cudaEventRecord(e1));
     EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
@@ -211,20 +342,20 @@ int run(double run_ms, int rows_a, int rows_b) {
     std::fprintf(stderr, "tre: run for more than 1000 ms to reach the steady state\n");
     return 2;
   }
-  std::vector<long long> c(3 * size_t(sms));
+  std::vector<long long> c(3 * size_t(ctas));
   EPMOE_CUDA_CHECK(cudaMemcpy(c.data(), cyc, c.size() * sizeof(long long), cudaMemcpyDeviceToHost));
   std::vector<long long> v;
-  for (int i = 0; i < sms; ++i)
+  for (int i = 0; i < ctas; ++i)
     for (int w = 0; w < kWG; ++w) v.push_back(c[3 * size_t(i) + size_t(w)]);
   std::sort(v.begin(), v.end());
   std::sort(late.begin(), late.end());
   const double med_ms = late[late.size() / 2];
-  const double macs = double(sms) * steps * 64.0 * kWG * kN * 64;
+  const double macs = double(ctas) * steps * 64.0 * kWG * kN * 64;
   const double cyc_med = double(v[v.size() / 2]);
-  std::printf("consumer warpgroups %d x m64n%dk16 (tile %d x %d, %u KB per k step; sources %d / %d rows) | %.1f cycles per k step | MAC/cycle/SM %.0f "
+  std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
-              kWG, kN, 64 * kWG, kN, (abytes(kWG) + bbytes(kN)) / 1024, rows_a, rows_b, cyc_med / steps, macs / sms / cyc_med,
-              100.0 * macs / sms / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
+              kWG, kN, kMc ? " B-multicast pairs" : "", kRA, kRB, 64 * kWG, kN, (abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
+              rows_a, rows_b, bshare, idle, pad, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
               cyc_med / (med_ms * 1e3));
   EPMOE_CUDA_CHECK(cudaFree(a));
   EPMOE_CUDA_CHECK(cudaFree(b));
@@ -238,11 +369,23 @@ int main(int argc, char** argv) {
   const std::string form = argc > 1 ? argv[1] : "";
   const double ms = argc > 2 ? std::atof(argv[2]) : 3000.0;
   const int rows_a = argc > 3 ? std::atoi(argv[3]) : 4096, rows_b = argc > 4 ? std::atoi(argv[4]) : 4096;
-  const bool rows_ok = rows_a >= 256 && rows_b >= 256 && rows_a <= (1 << 20) && rows_b <= (1 << 20);
-  if (rows_ok && form == "2x256") return run<2, 256>(ms, rows_a, rows_b);
-  if (rows_ok && form == "3x192") return run<3, 192>(ms, rows_a, rows_b);
-  if (rows_ok && form == "2x192") return run<2, 192>(ms, rows_a, rows_b);
-  std::fprintf(stderr, "usage: tre 2x256|3x192|2x192 [MS [ROWS_A ROWS_B]]   (consumer warpgroups x N; milliseconds of"
-               " launches, > 1000; source rows 256..1048576, default 4096 = 16 MB, L2-resident)\n");
+  const int ctas = argc > 5 ? std::atoi(argv[5]) : 0;
+  const bool mc = form == "2x256mc";
+  const int bshare = argc > 6 ? std::atoi(argv[6]) : (mc ? 6 : 5);
+  const int idle = argc > 7 ? std::atoi(argv[7]) : 0;
+  const int pad = argc > 8 ? std::atoi(argv[8]) : 0;
+  const bool ok = pad >= -64 && pad <= 64 && idle >= 0 && idle <= 1000000 && rows_a >= 256 && rows_b >= 256 && rows_a <= (1 << 20) && rows_b <= (1 << 20) && bshare >= 1 &&
+                  bshare <= 64 && (!mc || bshare % 2 == 0);
+  if (ok && form == "2x256") return run<2, 256, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && mc) return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256a4b5") return run<2, 256, false, 4, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256a3b5") return run<2, 256, false, 3, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256a3b4") return run<2, 256, false, 3, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "3x192") return run<3, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x192") return run<2, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
+               " N, mc: B multicast in 2-CTA clusters; milliseconds of launches, > 1000; source rows 256..1048576, default"
+               " 4096 = 16 MB, L2-resident; CTAS: how many, 0 = all that fit at once; BSHARE: CTAs reading one B block,"
+               " default 5, 6 for mc, even for mc; IDLE: cycles each consumer warpgroup sleeps after each 32-step item; PAD: every PAD-th item has zero rows in its second 64, as a tile half of padding rows; PAD < 0: every |PAD|-th item all zero rows; 0 = none)\n");
   return 2;
 }
