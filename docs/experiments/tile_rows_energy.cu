@@ -130,7 +130,7 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtens
       : "memory");
 }
 
-// Split rings (S25, forms 2x256a4b5 / 2x256a3b5): A and B in rings of their own, kRA and kRB deep,
+// Split rings (S25, forms 2x256a4b5 / a3b5 / a3b4): A and B in rings of their own, kRA and kRB deep,
 // with their own full / empty barriers; the producer issues B(s) and then A(s - (kRB - kRA)), so the
 // B loads run one or two k steps further ahead than the A loads - what a deeper weight ring would buy
 // the kernels (whose B comes from DRAM) if their UP gave up its 32 KB epilogue staging for it.
