@@ -134,11 +134,14 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtens
 // with their own full / empty barriers; the producer issues B(s) and then A(s - (kRB - kRA)), so the
 // B loads run one or two k steps further ahead than the A loads - what a deeper weight ring would buy
 // the kernels (whose B comes from DRAM) if their UP gave up its 32 KB epilogue staging for it.
-// Wide k steps (S25, form 2x256wide): 64 rows against two 256-row B boxes (two column blocks), both
-// warpgroups on the same A rows, each on its own B box - a 72 KB k step for the MACs of a 48 KB one,
-// as a padding-free item for an expert's partial last tile would need. Each k step takes two slots of
-// today's 4 x 48 KB ring (A + B of block j, then B of block j + 1), so the ring is 2 k steps deep.
-template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, bool kWide = false>
+// Wide k steps (S25): 64 rows against two 256-row B boxes (two column blocks), both warpgroups on the
+// same A rows, each on its own B box - a 72 KB k step for the MACs of a 48 KB one, as a padding-free
+// item for an expert's partial last tile would need. kWide 1 (form 2x256wide): each k step takes two
+// slots of today's 4 x 48 KB ring (A + B of block j, then B of block j + 1), so the ring is 2 k steps
+// deep; kWide 3 (2x256wide3): a ring of its own, three 72 KB stages (A 8 KB, B_j, B_j+1).
+constexpr uint32_t kWideStage = 8 * 1024 + 2 * 32 * 1024;
+static_assert(1024 + 3 * kWideStage <= 227 * 1024, "the 3 x 72 KB wide ring must fit the opt-in limit");
+template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, int kWide = 0>
 __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, int steps,
                   int rows_a, int rows_b, int bshare, int idle, int pad, long long* cycles, float* sink) {
@@ -146,7 +149,8 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr bool kSplit = kRA != kRB;
   static_assert(!kSplit || (!kMc && kRB > kRA && kRA >= 2), "split rings: single CTAs, the B ring the deeper");
-  static_assert(!kWide || (!kMc && !kSplit && kWG == 2 && kN == 256), "wide k steps: the 2 x 256 single-CTA form");
+  static_assert(kWide == 0 || (!kMc && !kSplit && kWG == 2 && kN == 256 && (kWide == 1 || kWide == 3)),
+                "wide k steps: the 2 x 256 single-CTA form, on two ring slots (1) or a 3-deep ring (3)");
   __shared__ __align__(8) uint64_t full[kRing], empty[kRing], full_b[kRB], empty_b[kRB];  // *_b: split rings
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   constexpr uint32_t kA = abytes(kWG), kStage = abytes(kWG) + bbytes(kN);
@@ -195,7 +199,21 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
           }
         }
       }
-      if constexpr (kWide) {
+      if constexpr (kWide == 3) {
+        for (int s = 0; s < steps; ++s) {
+          const int slot = s % 3;
+          if (s >= 3) mbar_wait(smem_u32(&empty[slot]), uint32_t((s / 3 - 1) & 1));
+          int ra, rb, k;
+          rows_of(s, ra, rb, k);
+          const uint32_t bar = smem_u32(&full[slot]), dst = base + uint32_t(slot) * kWideStage;
+          const int rb0 = rb % (rows_b - 2 * kN + 1);
+          mbar_arrive_expect_tx(bar, kWideStage);
+          tma_load_2d(dst, &map_a, bar, k * 64, ra);  // 64 rows
+          tma_load_2d(dst + 8 * 1024, &map_b, bar, k * 64, rb0);
+          tma_load_2d(dst + 8 * 1024 + bbytes(kN), &map_b, bar, k * 64, rb0 + kN);
+        }
+      }
+      if constexpr (kWide == 1) {
         for (int u = 0; u < 2 * steps; ++u) {  // ring use u: k step u / 2, part u % 2
           const int slot = u % kRing, s = u / 2;
           if (u >= kRing) mbar_wait(smem_u32(&empty[slot]), uint32_t((u / kRing - 1) & 1));
@@ -237,7 +255,12 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     const long long t0 = clock64();
     for (int s = 0; s < steps; ++s) {
       uint32_t da, db;
-      if constexpr (kWide) {  // A: slot 2s's 64 rows for both warpgroups; B: slot 2s (wg 1) or 2s + 1 (wg 2)
+      if constexpr (kWide == 3) {  // A: the stage's 64 rows for both warpgroups; B: box j (wg 1) or j + 1 (wg 2)
+        const int slot = s % 3;
+        mbar_wait(smem_u32(&full[slot]), uint32_t((s / 3) & 1));
+        da = smem_desc_sw128_lo(base + uint32_t(slot) * kWideStage);
+        db = smem_desc_sw128_lo(base + uint32_t(slot) * kWideStage + 8 * 1024 + uint32_t(wg - 1) * bbytes(kN));
+      } else if constexpr (kWide == 1) {  // A: slot 2s's 64 rows for both warpgroups; B: slot 2s (wg 1) or 2s + 1 (wg 2)
         const int s0 = (2 * s) % kRing, s1 = (2 * s + 1) % kRing;
         mbar_wait(smem_u32(&full[s0]), uint32_t((2 * s / kRing) & 1));
         mbar_wait(smem_u32(&full[s1]), uint32_t(((2 * s + 1) / kRing) & 1));
@@ -270,7 +293,9 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
       wgmma_commit();
       wgmma_wait<1>();
       fence_acc(acc);
-      if (s > 0 && kWide) {  // step s-1's wgmmas are done: both of its slots
+      if (s > 0 && kWide == 3) {  // step s-1's wgmmas are done
+        mbar_arrive(smem_u32(&empty[(s - 1) % 3]));
+      } else if (s > 0 && kWide == 1) {  // step s-1's wgmmas are done: both of its slots
         mbar_arrive(smem_u32(&empty[(2 * s - 2) % kRing]));
         mbar_arrive(smem_u32(&empty[(2 * s - 1) % kRing]));
       } else if (s > 0 && kSplit) {
@@ -306,12 +331,12 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
 #endif
 }
 
-template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, bool kWide = false>
+template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, int kWide = 0>
 int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, int pad) {
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto kernel = tile_mainloop<kWG, kN, kMc, kRA, kRB, kWide>;
-  const uint32_t smem = smem_bytes(kWG, kN, kRA, kRB);
+  const uint32_t smem = kWide == 3 ? 1024 + 3 * kWideStage : smem_bytes(kWG, kN, kRA, kRB);
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
@@ -381,7 +406,7 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   const double cyc_med = double(v[v.size() / 2]);
   std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
-              kWG, kN, kMc ? " B-multicast pairs" : kWide ? " wide k steps (64 rows x 2 B boxes)" : "", kRA, kRB,
+              kWG, kN, kMc ? " B-multicast pairs" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : "", kRA, kRB,
               kWide ? 64 : 64 * kWG, kWide ? 2 * kN : kN,
               (kWide ? abytes(kWG) / 2 + 2 * bbytes(kN) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
               rows_a, rows_b, bshare, idle, pad, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
@@ -409,11 +434,12 @@ int main(int argc, char** argv) {
   if (ok && mc) return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a4b5") return run<2, 256, false, 4, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a3b5") return run<2, 256, false, 3, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  if (ok && form == "2x256wide" && rows_b >= 512) return run<2, 256, false, kRing, kRing, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256wide" && rows_b >= 512) return run<2, 256, false, kRing, kRing, 1>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256wide3" && rows_b >= 512) return run<2, 256, false, kRing, kRing, 3>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a3b4") return run<2, 256, false, 3, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "3x192") return run<3, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x192") return run<2, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
+  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
                " N, mc: B multicast in 2-CTA clusters; milliseconds of launches, > 1000; source rows 256..1048576, default"
                " 4096 = 16 MB, L2-resident; CTAS: how many, 0 = all that fit at once; BSHARE: CTAs reading one B block,"
                " default 5, 6 for mc, even for mc; IDLE: cycles each consumer warpgroup sleeps after each 32-step item; PAD: every PAD-th item has zero rows in its second 64, as a tile half of padding rows; PAD < 0: every |PAD|-th item all zero rows; 0 = none)\n");
