@@ -16,7 +16,9 @@
 // the launches after the first second). Not built by CMake: a measurement tool.
 // Session 25 added what prices the kernels' other cycles at the cap (docs/PERF.md, session 25): B
 // multicast in 2-CTA clusters (2x256mc), split A / B rings (2x256a4b5 ...), an epilogue-like bubble
-// per item (IDLE) and padding items whose A rows are zero (PAD), and the B blocks' sharing (BSHARE).
+// per item (IDLE) and padding items whose A rows are zero (PAD), the B blocks' sharing (BSHARE), and
+// wide k steps (64 rows x two B boxes: 2x256wide on two ring slots, 2x256wide3 on a ring of their
+// own, 2x256mix every PAD-th item on a switching layout - run PAD 1000 as the mix path's control).
 //
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
@@ -27,7 +29,7 @@
 //            launches; source rows (default 4096: 16 MB each, L2-resident; 262144 = 1 GB: each item's rows
 //            come from DRAM, as the weights do in the kernels); CTAS (0: all that fit); BSHARE = CTAs reading
 //            one B block (default 5, 6 for mc); IDLE = cycles slept after each item; PAD = every PAD-th item
-//            half zero rows (< 0: all zero rows)
+//            half zero rows (< 0: all zero rows), or for 2x256mix every PAD-th item wide
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -143,14 +145,15 @@ constexpr uint32_t kWideStage = 8 * 1024 + 2 * 32 * 1024;
 static_assert(1024 + 3 * kWideStage <= 227 * 1024, "the 3 x 72 KB wide ring must fit the opt-in limit");
 template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, int kWide = 0>
 __global__ void __launch_bounds__(128 * (kWG + 1), 1)
-    tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b, int steps,
-                  int rows_a, int rows_b, int bshare, int idle, int pad, long long* cycles, float* sink) {
+    tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
+                  const __grid_constant__ CUtensorMap map_a64, int steps, int rows_a, int rows_b, int bshare, int idle,
+                  int pad, long long* cycles, float* sink) {
 #if EPMOE_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr bool kSplit = kRA != kRB;
   static_assert(!kSplit || (!kMc && kRB > kRA && kRA >= 2), "split rings: single CTAs, the B ring the deeper");
-  static_assert(kWide == 0 || (!kMc && !kSplit && kWG == 2 && kN == 256 && (kWide == 1 || kWide == 3)),
-                "wide k steps: the 2 x 256 single-CTA form, on two ring slots (1) or a 3-deep ring (3)");
+  static_assert(kWide == 0 || (!kMc && !kSplit && kWG == 2 && kN == 256 && kWide >= 1 && kWide <= 3),
+                "wide k steps: the 2 x 256 single-CTA form, on two ring slots (1), mixed (2) or a 3-deep ring (3)");
   __shared__ __align__(8) uint64_t full[kRing], empty[kRing], full_b[kRB], empty_b[kRB];  // *_b: split rings
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   constexpr uint32_t kA = abytes(kWG), kStage = abytes(kWG) + bbytes(kN);
@@ -160,7 +163,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     mbar_init(smem_u32(&full[threadIdx.x]), 1);
     mbar_init(smem_u32(&empty[threadIdx.x]), 128 * kWG * (kMc ? 2 : 1));  // every consumer thread (of both CTAs)
   }
-  if (kSplit && threadIdx.x < kRB) {
+  if ((kSplit || kWide == 2) && threadIdx.x < kRB) {  // (mix: the wide layout's 3 slots)
     mbar_init(smem_u32(&full_b[threadIdx.x]), 1);
     mbar_init(smem_u32(&empty_b[threadIdx.x]), 128 * kWG);
   }
@@ -196,6 +199,45 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
             rows_of(a, ra, rb, k);
             mbar_arrive_expect_tx(smem_u32(&full[slot]), kA);
             tma_load_2d(base + uint32_t(slot) * kA, &map_a, smem_u32(&full[slot]), k * 64, ra);
+          }
+        }
+      }
+      if constexpr (kWide == 2) {
+        // Mix (S25, form 2x256mix): every pad-th item wide (staggered over the CTAs, so that about 1 / pad
+        // of the SMs run a wide item at any time, as an expert's partial tiles would) on the 3 x 72 KB layout, the others whole on
+        // the 4 x 48 KB layout of the same shared memory; at each switch the producer waits until every
+        // use of the old layout is released (the consumers release an item's last stage at once when
+        // the next item switches), so the layouts never overlap in flight.
+        uint32_t un = 0, uw = 0;  // uses issued on the whole / the wide layout
+        bool prev_wide = false;
+        for (int s = 0; s < steps; ++s) {
+          const uint32_t item = uint32_t(s / kKSteps);
+          const int k = s % kKSteps;
+          const bool wide = (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);  // staggered over the CTAs
+          if (k == 0 && s > 0 && wide != prev_wide) {
+            if (prev_wide)
+              for (uint32_t v = uw > 3 ? uw - 3 : 0; v < uw; ++v) mbar_wait(smem_u32(&empty_b[v % 3]), (v / 3) & 1u);
+            else
+              for (uint32_t v = un > 4 ? un - 4 : 0; v < un; ++v) mbar_wait(smem_u32(&empty[v % 4]), (v / 4) & 1u);
+          }
+          prev_wide = wide;
+          const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 128 + 1));
+          const int rb = int(hash3(blockIdx.x / uint32_t(bshare), item, 2) % uint32_t(rows_b - 2 * kN + 1));
+          if (wide) {
+            const uint32_t slot = uw % 3, bar = smem_u32(&full_b[slot]), dst = base + slot * kWideStage;
+            if (uw >= 3) mbar_wait(smem_u32(&empty_b[slot]), (uw / 3 - 1) & 1u);
+            mbar_arrive_expect_tx(bar, kWideStage);
+            tma_load_2d(dst, &map_a64, bar, k * 64, ra);
+            tma_load_2d(dst + 8 * 1024, &map_b, bar, k * 64, rb);
+            tma_load_2d(dst + 8 * 1024 + bbytes(kN), &map_b, bar, k * 64, rb + kN);
+            ++uw;
+          } else {
+            const uint32_t slot = un % 4, bar = smem_u32(&full[slot]), dst = base + slot * kStage;
+            if (un >= 4) mbar_wait(smem_u32(&empty[slot]), (un / 4 - 1) & 1u);
+            mbar_arrive_expect_tx(bar, kStage);
+            tma_load_2d(dst, &map_a, bar, k * 64, ra);
+            tma_load_2d(dst + kA, &map_b, bar, k * 64, rb);
+            ++un;
           }
         }
       }
@@ -253,6 +295,55 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
     const uint32_t peer_empty0 = kMc ? mapa_shared(smem_u32(&empty[0]), rank ^ 1u) : 0u;
     const long long t0 = clock64();
+    if constexpr (kWide == 2) {
+      uint32_t un = 0, uw = 0;
+      int pend = -1;  // the previous step's stage not yet released: slot, + 4 on the wide layout
+      for (int s = 0; s < steps; ++s) {
+        const uint32_t item = uint32_t(s / kKSteps);
+        const int k = s % kKSteps;
+        const bool wide = (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);
+        const bool switch_next =
+            k == kKSteps - 1 && s + 1 < steps && ((item + 1 + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1)) != wide;
+        uint32_t da, db;
+        int cur;
+        if (wide) {
+          const uint32_t slot = uw % 3;
+          mbar_wait(smem_u32(&full_b[slot]), (uw / 3) & 1u);
+          da = smem_desc_sw128_lo(base + slot * kWideStage);
+          db = smem_desc_sw128_lo(base + slot * kWideStage + 8 * 1024 + uint32_t(wg - 1) * bbytes(kN));
+          cur = int(slot) + 4;
+          ++uw;
+        } else {
+          const uint32_t slot = un % 4;
+          mbar_wait(smem_u32(&full[slot]), (un / 4) & 1u);
+          da = smem_desc_sw128_lo(base + slot * kStage + uint32_t(wg - 1) * 64 * 128);
+          db = smem_desc_sw128_lo(base + slot * kStage + kA);
+          cur = int(slot);
+          ++un;
+        }
+        fence_acc(acc);
+        wgmma_fence();
+        const int first = k == 0 ? 0 : 1;
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk),
+                                kk == 0 ? first : 1);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_acc(acc);
+        auto release = [&](int st) {
+          mbar_arrive(smem_u32(st >= 4 ? &empty_b[st - 4] : &empty[st]));
+        };
+        if (pend >= 0) release(pend);
+        pend = cur;
+        if (switch_next) {  // the producer drains this layout before the next item: release now
+          wgmma_wait<0>();
+          fence_acc(acc);
+          release(cur);
+          pend = -1;
+        }
+      }
+    } else
     for (int s = 0; s < steps; ++s) {
       uint32_t da, db;
       if constexpr (kWide == 3) {  // A: the stage's 64 rows for both warpgroups; B: box j (wg 1) or j + 1 (wg 2)
@@ -336,7 +427,7 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto kernel = tile_mainloop<kWG, kN, kMc, kRA, kRB, kWide>;
-  const uint32_t smem = kWide == 3 ? 1024 + 3 * kWideStage : smem_bytes(kWG, kN, kRA, kRB);
+  const uint32_t smem = kWide >= 2 ? 1024 + 3 * kWideStage : smem_bytes(kWG, kN, kRA, kRB);
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
   cudaLaunchAttribute attr{};
@@ -366,7 +457,8 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(a), size_t(rows_a) * kK / 2, 12345u);
   fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(b), size_t(rows_b) * kK / 2, 777u);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  const CUtensorMap map_a = make_matrix_map(a, rows_a + kZeroRows, kK, kWide ? 64 : 64 * kWG);
+  const CUtensorMap map_a = make_matrix_map(a, rows_a + kZeroRows, kK, kWide == 1 || kWide == 3 ? 64 : 64 * kWG);
+  const CUtensorMap map_a64 = make_matrix_map(a, rows_a + kZeroRows, kK, 64);  // the mix's wide items
   const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kMc ? kN / 2 : kN);
   long long* cyc = nullptr;
   float* sink = nullptr;
@@ -381,7 +473,7 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   double elapsed = 0;
   while (elapsed < run_ms) {
     EPMOE_CUDA_CHECK(cudaEventRecord(e0));
-    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, steps, rows_a, rows_b, bshare, idle, pad, cyc, sink));
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_a64, steps, rows_a, rows_b, bshare, idle, pad, cyc, sink));
     EPMOE_CUDA_CHECK(cudaGetLastError());
     EPMOE_CUDA_CHECK(cudaEventRecord(e1));
     EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
@@ -406,9 +498,9 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   const double cyc_med = double(v[v.size() / 2]);
   std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
-              kWG, kN, kMc ? " B-multicast pairs" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : "", kRA, kRB,
-              kWide ? 64 : 64 * kWG, kWide ? 2 * kN : kN,
-              (kWide ? abytes(kWG) / 2 + 2 * bbytes(kN) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
+              kWG, kN, kMc ? " B-multicast pairs" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : kWide == 2 ? " mix (every PAD-th item wide)" : "", kRA, kRB,
+              kWide == 1 || kWide == 3 ? 64 : 64 * kWG, kWide == 1 || kWide == 3 ? 2 * kN : kN,
+              (kWide == 1 || kWide == 3 ? abytes(kWG) / 2 + 2 * bbytes(kN) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
               rows_a, rows_b, bshare, idle, pad, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
               cyc_med / (med_ms * 1e3));
   EPMOE_CUDA_CHECK(cudaFree(a));
@@ -435,11 +527,12 @@ int main(int argc, char** argv) {
   if (ok && form == "2x256a4b5") return run<2, 256, false, 4, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a3b5") return run<2, 256, false, 3, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256wide" && rows_b >= 512) return run<2, 256, false, kRing, kRing, 1>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256mix" && rows_b >= 512 && pad >= 1) return run<2, 256, false, kRing, kRing, 2>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256wide3" && rows_b >= 512) return run<2, 256, false, kRing, kRing, 3>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a3b4") return run<2, 256, false, 3, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "3x192") return run<3, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x192") return run<2, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
+  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256mix|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
                " N, mc: B multicast in 2-CTA clusters; milliseconds of launches, > 1000; source rows 256..1048576, default"
                " 4096 = 16 MB, L2-resident; CTAS: how many, 0 = all that fit at once; BSHARE: CTAs reading one B block,"
                " default 5, 6 for mc, even for mc; IDLE: cycles each consumer warpgroup sleeps after each 32-step item; PAD: every PAD-th item has zero rows in its second 64, as a tile half of padding rows; PAD < 0: every |PAD|-th item all zero rows; 0 = none)\n");
