@@ -210,12 +210,10 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         // the next item switches), so the layouts never overlap in flight.
         uint32_t un = 0, uw = 0;  // uses issued on the whole / the wide layout
         bool prev_wide = false;
-        int phase = int(blockIdx.x % uint32_t(pad));  // (item + CTA) % pad, advanced per item: no division per step
         for (int s = 0; s < steps; ++s) {
           const uint32_t item = uint32_t(s / kKSteps);
           const int k = s % kKSteps;
-          if (k == 0 && s > 0) phase = phase + 1 == pad ? 0 : phase + 1;
-          const bool wide = phase == pad - 1;  // staggered over the CTAs
+          const bool wide = (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);  // staggered over the CTAs
           if (k == 0 && s > 0 && wide != prev_wide) {
             if (prev_wide)
               for (uint32_t v = uw > 3 ? uw - 3 : 0; v < uw; ++v) mbar_wait(smem_u32(&empty_b[v % 3]), (v / 3) & 1u);
@@ -300,16 +298,12 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     if constexpr (kWide == 2) {
       uint32_t un = 0, uw = 0;
       int pend = -1;  // the previous step's stage not yet released: slot, + 4 on the wide layout
-      int phase = int(blockIdx.x % uint32_t(pad));  // as the producer's: (item + CTA) % pad
-      bool wide = phase == pad - 1, next_wide = (phase + 1 == pad ? 0 : phase + 1) == pad - 1;
       for (int s = 0; s < steps; ++s) {
+        const uint32_t item = uint32_t(s / kKSteps);
         const int k = s % kKSteps;
-        if (k == 0 && s > 0) {  // per item, not per step: the k loop's issue path stays as the plain form's
-          phase = phase + 1 == pad ? 0 : phase + 1;
-          wide = next_wide;
-          next_wide = (phase + 1 == pad ? 0 : phase + 1) == pad - 1;
-        }
-        const bool switch_next = k == kKSteps - 1 && s + 1 < steps && next_wide != wide;
+        const bool wide = (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);
+        const bool switch_next =
+            k == kKSteps - 1 && s + 1 < steps && ((item + 1 + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1)) != wide;
         uint32_t da, db;
         int cur;
         if (wide) {
