@@ -19,13 +19,17 @@
 // per item (IDLE) and padding items whose A rows are zero (PAD), the B blocks' sharing (BSHARE), and
 // wide k steps (64 rows x two B boxes: 2x256wide on two ring slots, 2x256wide3 on a ring of their
 // own, 2x256mix every PAD-th item on a switching layout - run PAD 1000 as the mix path's control).
+// Session 26: 2x256mixh (the mix with its wide flags advanced per item: the plain mix's per-step
+// divisions by PAD cost ~10% of its k steps, S26-1) and 2x256wide3mc (64 x 512 tiles on the 3 x 72 KB
+// ring with the two B boxes multicast in 2-CTA clusters: a 64-row tile design at 40 KB per k step).
 //
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
 //        kernels/sm90_tensor_maps.cu src/error.cpp -o tre -lcuda
 //   ./tre FORM MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]
 //     FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N), 2x256mc (B multicast pairs), 2x256a4b5 |
-//            2x256a3b5 | 2x256a3b4 (A / B rings of their own, B loads run ahead); MS = milliseconds of
+//            2x256a3b5 | 2x256a3b4 (A / B rings of their own, B loads run ahead), 2x256wide | 2x256wide3 |
+//            2x256wide3mc | 2x256mix | 2x256mixh (wide k steps, above); MS = milliseconds of
 //            launches; source rows (default 4096: 16 MB each, L2-resident; 262144 = 1 GB: each item's rows
 //            come from DRAM, as the weights do in the kernels); CTAS (0: all that fit); BSHARE = CTAs reading
 //            one B block (default 5, 6 for mc); IDLE = cycles slept after each item; PAD = every PAD-th item
@@ -152,8 +156,10 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr bool kSplit = kRA != kRB;
   static_assert(!kSplit || (!kMc && kRB > kRA && kRA >= 2), "split rings: single CTAs, the B ring the deeper");
-  static_assert(kWide == 0 || (!kMc && !kSplit && kWG == 2 && kN == 256 && kWide >= 1 && kWide <= 3),
-                "wide k steps: the 2 x 256 single-CTA form, on two ring slots (1), mixed (2) or a 3-deep ring (3)");
+  static_assert(kWide == 0 || ((!kMc || kWide == 3) && !kSplit && kWG == 2 && kN == 256 && kWide >= 1 && kWide <= 4),
+                "wide k steps: the 2 x 256 form, on two ring slots (1), mixed (2, 4: flags per item) or a 3-deep ring"
+                " (3; single CTAs or B-multicast pairs)");
+  constexpr bool kMix = kWide == 2 || kWide == 4;
   __shared__ __align__(8) uint64_t full[kRing], empty[kRing], full_b[kRB], empty_b[kRB];  // *_b: split rings
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   constexpr uint32_t kA = abytes(kWG), kStage = abytes(kWG) + bbytes(kN);
@@ -163,7 +169,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     mbar_init(smem_u32(&full[threadIdx.x]), 1);
     mbar_init(smem_u32(&empty[threadIdx.x]), 128 * kWG * (kMc ? 2 : 1));  // every consumer thread (of both CTAs)
   }
-  if ((kSplit || kWide == 2) && threadIdx.x < kRB) {  // (mix: the wide layout's 3 slots)
+  if ((kSplit || kMix) && threadIdx.x < kRB) {  // (mix: the wide layout's 3 slots)
     mbar_init(smem_u32(&full_b[threadIdx.x]), 1);
     mbar_init(smem_u32(&empty_b[threadIdx.x]), 128 * kWG);
   }
@@ -202,18 +208,23 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
           }
         }
       }
-      if constexpr (kWide == 2) {
+      if constexpr (kMix) {
         // Mix (S25, form 2x256mix): every pad-th item wide (staggered over the CTAs, so that about 1 / pad
         // of the SMs run a wide item at any time, as an expert's partial tiles would) on the 3 x 72 KB layout, the others whole on
         // the 4 x 48 KB layout of the same shared memory; at each switch the producer waits until every
         // use of the old layout is released (the consumers release an item's last stage at once when
         // the next item switches), so the layouts never overlap in flight.
+        // kWide 4 (form 2x256mixh, S26): the same schedule with (item + CTA) % pad advanced per item
+        // instead of divided at every k step, to tell the mix loop's own cost from the wide items'.
         uint32_t un = 0, uw = 0;  // uses issued on the whole / the wide layout
         bool prev_wide = false;
+        int phase = int(blockIdx.x % uint32_t(pad));  // kWide 4: (item + CTA) % pad
         for (int s = 0; s < steps; ++s) {
           const uint32_t item = uint32_t(s / kKSteps);
           const int k = s % kKSteps;
-          const bool wide = (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);  // staggered over the CTAs
+          if (kWide == 4 && k == 0 && s > 0) phase = phase + 1 == pad ? 0 : phase + 1;
+          const bool wide = kWide == 4 ? phase == pad - 1
+                                       : (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);  // staggered over the CTAs
           if (k == 0 && s > 0 && wide != prev_wide) {
             if (prev_wide)
               for (uint32_t v = uw > 3 ? uw - 3 : 0; v < uw; ++v) mbar_wait(smem_u32(&empty_b[v % 3]), (v / 3) & 1u);
@@ -248,11 +259,21 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
           int ra, rb, k;
           rows_of(s, ra, rb, k);
           const uint32_t bar = smem_u32(&full[slot]), dst = base + uint32_t(slot) * kWideStage;
-          const int rb0 = rb % (rows_b - 2 * kN + 1);
           mbar_arrive_expect_tx(bar, kWideStage);
           tma_load_2d(dst, &map_a, bar, k * 64, ra);  // 64 rows
-          tma_load_2d(dst + 8 * 1024, &map_b, bar, k * 64, rb0);
-          tma_load_2d(dst + 8 * 1024 + bbytes(kN), &map_b, bar, k * 64, rb0 + kN);
+          if constexpr (kMc) {
+            // 2x256wide3mc (S26): the pair's two CTAs compute different 64-row halves against the same
+            // two B boxes; CTA rank r loads box j + r and multicasts it into both rings (40 KB per CTA
+            // and k step from L2 instead of 72), as a 64-row tile design with B shared by two row halves.
+            const uint32_t bgroup = cluster_id_x() / uint32_t(bshare / 2);
+            const int rb0 = int(hash3(bgroup, uint32_t(s / kKSteps), 2) % uint32_t(rows_b - 2 * kN + 1));
+            tma_load_2d_multicast(dst + 8 * 1024 + rank * bbytes(kN), &map_b, bar, k * 64, rb0 + int(rank) * kN,
+                                  uint16_t(0x3));
+          } else {
+            const int rb0 = rb % (rows_b - 2 * kN + 1);
+            tma_load_2d(dst + 8 * 1024, &map_b, bar, k * 64, rb0);
+            tma_load_2d(dst + 8 * 1024 + bbytes(kN), &map_b, bar, k * 64, rb0 + kN);
+          }
         }
       }
       if constexpr (kWide == 1) {
@@ -295,15 +316,23 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     for (int i = 0; i < kN / 2; ++i) acc[i] = 0.0f;
     const uint32_t peer_empty0 = kMc ? mapa_shared(smem_u32(&empty[0]), rank ^ 1u) : 0u;
     const long long t0 = clock64();
-    if constexpr (kWide == 2) {
+    if constexpr (kMix) {
       uint32_t un = 0, uw = 0;
       int pend = -1;  // the previous step's stage not yet released: slot, + 4 on the wide layout
+      int phase = int(blockIdx.x % uint32_t(pad));  // kWide 4: as the producer's
+      bool wide4 = phase == pad - 1, next4 = (phase + 1 == pad ? 0 : phase + 1) == pad - 1;
       for (int s = 0; s < steps; ++s) {
         const uint32_t item = uint32_t(s / kKSteps);
         const int k = s % kKSteps;
-        const bool wide = (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);
-        const bool switch_next =
-            k == kKSteps - 1 && s + 1 < steps && ((item + 1 + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1)) != wide;
+        if (kWide == 4 && k == 0 && s > 0) {  // per item, not per step
+          phase = phase + 1 == pad ? 0 : phase + 1;
+          wide4 = next4;
+          next4 = (phase + 1 == pad ? 0 : phase + 1) == pad - 1;
+        }
+        const bool wide = kWide == 4 ? wide4 : (item + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1);
+        const bool next_wide =
+            kWide == 4 ? next4 : ((item + 1 + blockIdx.x) % uint32_t(pad) == uint32_t(pad - 1));
+        const bool switch_next = k == kKSteps - 1 && s + 1 < steps && next_wide != wide;
         uint32_t da, db;
         int cur;
         if (wide) {
@@ -386,6 +415,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
       fence_acc(acc);
       if (s > 0 && kWide == 3) {  // step s-1's wgmmas are done
         mbar_arrive(smem_u32(&empty[(s - 1) % 3]));
+        if constexpr (kMc) mbar_arrive_remote(peer_empty0 + 8u * uint32_t((s - 1) % 3));
       } else if (s > 0 && kWide == 1) {  // step s-1's wgmmas are done: both of its slots
         mbar_arrive(smem_u32(&empty[(2 * s - 2) % kRing]));
         mbar_arrive(smem_u32(&empty[(2 * s - 1) % kRing]));
@@ -459,7 +489,7 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   EPMOE_CUDA_CHECK(cudaGetLastError());
   const CUtensorMap map_a = make_matrix_map(a, rows_a + kZeroRows, kK, kWide == 1 || kWide == 3 ? 64 : 64 * kWG);
   const CUtensorMap map_a64 = make_matrix_map(a, rows_a + kZeroRows, kK, 64);  // the mix's wide items
-  const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kMc ? kN / 2 : kN);
+  const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kMc && kWide == 0 ? kN / 2 : kN);
   long long* cyc = nullptr;
   float* sink = nullptr;
   EPMOE_CUDA_CHECK(cudaMalloc(&cyc, sizeof(long long) * 3 * size_t(ctas)));
@@ -498,9 +528,9 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   const double cyc_med = double(v[v.size() / 2]);
   std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
-              kWG, kN, kMc ? " B-multicast pairs" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : kWide == 2 ? " mix (every PAD-th item wide)" : "", kRA, kRB,
+              kWG, kN, kMc && kWide == 3 ? " wide k steps, 3 x 72 KB ring, B-multicast pairs" : kMc ? " B-multicast pairs" : kWide == 4 ? " mix, flags per item" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : kWide == 2 ? " mix (every PAD-th item wide)" : "", kRA, kRB,
               kWide == 1 || kWide == 3 ? 64 : 64 * kWG, kWide == 1 || kWide == 3 ? 2 * kN : kN,
-              (kWide == 1 || kWide == 3 ? abytes(kWG) / 2 + 2 * bbytes(kN) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
+              (kWide == 1 || kWide == 3 ? abytes(kWG) / 2 + 2 * bbytes(kN) / (kMc ? 2 : 1) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
               rows_a, rows_b, bshare, idle, pad, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
               cyc_med / (med_ms * 1e3));
   EPMOE_CUDA_CHECK(cudaFree(a));
@@ -516,14 +546,16 @@ int main(int argc, char** argv) {
   const double ms = argc > 2 ? std::atof(argv[2]) : 3000.0;
   const int rows_a = argc > 3 ? std::atoi(argv[3]) : 4096, rows_b = argc > 4 ? std::atoi(argv[4]) : 4096;
   const int ctas = argc > 5 ? std::atoi(argv[5]) : 0;
-  const bool mc = form == "2x256mc";
+  const bool mc = form == "2x256mc" || form == "2x256wide3mc";
   const int bshare = argc > 6 ? std::atoi(argv[6]) : (mc ? 6 : 5);
   const int idle = argc > 7 ? std::atoi(argv[7]) : 0;
   const int pad = argc > 8 ? std::atoi(argv[8]) : 0;
-  const bool ok = pad >= -64 && pad <= 64 && idle >= 0 && idle <= 1000000 && rows_a >= 256 && rows_b >= 256 && rows_a <= (1 << 20) && rows_b <= (1 << 20) && bshare >= 1 &&
+  const bool ok = pad >= -64 && pad <= 1000000 && idle >= 0 && idle <= 1000000 && rows_a >= 256 && rows_b >= 256 && rows_a <= (1 << 20) && rows_b <= (1 << 20) && bshare >= 1 &&
                   bshare <= 64 && (!mc || bshare % 2 == 0);
   if (ok && form == "2x256") return run<2, 256, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  if (ok && mc) return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256mc") return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256wide3mc" && rows_b >= 512) return run<2, 256, true, kRing, kRing, 3>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256mixh" && rows_b >= 512 && pad >= 1) return run<2, 256, false, kRing, kRing, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a4b5") return run<2, 256, false, 4, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a3b5") return run<2, 256, false, 3, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256wide" && rows_b >= 512) return run<2, 256, false, kRing, kRing, 1>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
@@ -532,7 +564,7 @@ int main(int argc, char** argv) {
   if (ok && form == "2x256a3b4") return run<2, 256, false, 3, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "3x192") return run<3, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x192") return run<2, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256mix|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
+  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256wide3mc|2x256mix|2x256mixh|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
                " N, mc: B multicast in 2-CTA clusters; milliseconds of launches, > 1000; source rows 256..1048576, default"
                " 4096 = 16 MB, L2-resident; CTAS: how many, 0 = all that fit at once; BSHARE: CTAs reading one B block,"
                " default 5, 6 for mc, even for mc; IDLE: cycles each consumer warpgroup sleeps after each 32-step item; PAD: every PAD-th item has zero rows in its second 64, as a tile half of padding rows; PAD < 0: every |PAD|-th item all zero rows; 0 = none)\n");
