@@ -21,12 +21,15 @@
 // own, 2x256mix every PAD-th item on a switching layout - run PAD 1000 as the mix path's control).
 // Session 26: 2x256mixh (the mix with its wide flags advanced per item: the plain mix's per-step
 // divisions by PAD cost ~10% of its k steps, S26-1) and 2x256wide3mc (64 x 512 tiles on the 3 x 72 KB
-// ring with the two B boxes multicast in 2-CTA clusters: a 64-row tile design at 40 KB per k step).
+// ring with the two B boxes multicast in 2-CTA clusters: a 64-row tile design at 40 KB per k step);
+// SKIP (9th argument; forms 2x256 and 2x256mc with PAD > 0): 1 = the padding items' upper warpgroup
+// issues no wgmma (a skipped padding half; in 2x256mc only rank 1's item is padding, so the multicast
+// pair holds it to its partner's pace), 2 = 2x256mc's control (rank 1's padding computed).
 //
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
 //        kernels/sm90_tensor_maps.cu src/error.cpp -o tre -lcuda
-//   ./tre FORM MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]
+//   ./tre FORM MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD [SKIP]]]]]]
 //     FORM = 2x256 | 3x192 | 2x192 (consumer warpgroups x N), 2x256mc (B multicast pairs), 2x256a4b5 |
 //            2x256a3b5 | 2x256a3b4 (A / B rings of their own, B loads run ahead), 2x256wide | 2x256wide3 |
 //            2x256wide3mc | 2x256mix | 2x256mixh (wide k steps, above); MS = milliseconds of
@@ -151,7 +154,7 @@ template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, int kWide
 __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     tile_mainloop(const __grid_constant__ CUtensorMap map_a, const __grid_constant__ CUtensorMap map_b,
                   const __grid_constant__ CUtensorMap map_a64, int steps, int rows_a, int rows_b, int bshare, int idle,
-                  int pad, long long* cycles, float* sink) {
+                  int pad, int skip, long long* cycles, float* sink) {
 #if EPMOE_SM90A_DEVICE
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr bool kSplit = kRA != kRB;
@@ -295,8 +298,11 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         const uint32_t bar = smem_u32(&full[slot]);
         mbar_arrive_expect_tx(bar, kStage);
         const uint32_t item = uint32_t(s / kKSteps), k = uint32_t(s % kKSteps);
+        // SKIP 1 or 2 with B multicast (S26): only rank 1's item is a padding item, so the pair runs it
+        // coupled (2: computed, the control of 1)
+        const bool padded = pad_item(item, pad) && (!kMc || skip == 0 || rank == 1u);
         const int ra =
-            pad_item(item, pad) ? pad_row(item, pad, rows_a) : int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 * kWG + 1));
+            padded ? pad_row(item, pad, rows_a) : int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 * kWG + 1));
         // B rows shared by `bshare` consecutive CTAs (in the multicast form bshare / 2 clusters)
         const uint32_t bgroup = kMc ? cluster_id_x() / uint32_t(bshare / 2) : blockIdx.x / uint32_t(bshare);
         const int rb = int(hash3(bgroup, item, 2) % uint32_t(rows_b - kN + 1));
@@ -398,21 +404,31 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         da = smem_desc_sw128_lo(st + uint32_t(wg - 1) * 64 * 128);
         db = smem_desc_sw128_lo(st + kA);
       }
-      fence_acc(acc);
-      wgmma_fence();
-      // An item's first k step starts a new accumulation, as the kernels' items do.
-      const int first = (s % kKSteps) == 0 ? 0 : 1;
+      // SKIP (S26, forms 2x256 / 2x256mc, PAD > 0): warpgroup 2 issues no wgmma on a padding item's
+      // zero rows (a skipped padding half): unpaced on single CTAs (the CTA runs on to its next item),
+      // coupled to its partner in a B-multicast pair (the pair's ring holds it to rank 0's pace).
+      const bool skip_mma = kWide == 0 && !kSplit && skip == 1 && wg == 2 && pad > 0 &&
+                            pad_item(uint32_t(s / kKSteps), pad) && (!kMc || rank == 1u);
+      if (skip_mma) {
+        wgmma_wait<0>();  // (the previous item's last group, if any: its stage is released below)
+        fence_acc(acc);
+      } else {
+        fence_acc(acc);
+        wgmma_fence();
+        // An item's first k step starts a new accumulation, as the kernels' items do.
+        const int first = (s % kKSteps) == 0 ? 0 : 1;
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const uint64_t a = smem_desc_sw128_join(da + 2 * kk), b = smem_desc_sw128_join(db + 2 * kk);
-        if constexpr (kN == 256)
-          wgmma_m64n256k16_bf16(acc, a, b, kk == 0 ? first : 1);
-        else
-          wgmma_m64n192k16_bf16(acc, a, b, kk == 0 ? first : 1);
+        for (int kk = 0; kk < 4; ++kk) {
+          const uint64_t a = smem_desc_sw128_join(da + 2 * kk), b = smem_desc_sw128_join(db + 2 * kk);
+          if constexpr (kN == 256)
+            wgmma_m64n256k16_bf16(acc, a, b, kk == 0 ? first : 1);
+          else
+            wgmma_m64n192k16_bf16(acc, a, b, kk == 0 ? first : 1);
+        }
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_acc(acc);
       }
-      wgmma_commit();
-      wgmma_wait<1>();
-      fence_acc(acc);
       if (s > 0 && kWide == 3) {  // step s-1's wgmmas are done
         mbar_arrive(smem_u32(&empty[(s - 1) % 3]));
         if constexpr (kMc) mbar_arrive_remote(peer_empty0 + 8u * uint32_t((s - 1) % 3));
@@ -448,12 +464,12 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   }
   if constexpr (kMc) cluster_sync();  // the peer's multicasts into and arrivals on this CTA are done
 #else
-  (void)map_a, (void)map_b, (void)steps, (void)rows_a, (void)rows_b, (void)bshare, (void)idle, (void)pad, (void)cycles, (void)sink;
+  (void)map_a, (void)map_b, (void)steps, (void)rows_a, (void)rows_b, (void)bshare, (void)idle, (void)pad, (void)skip, (void)cycles, (void)sink;
 #endif
 }
 
 template <int kWG, int kN, bool kMc, int kRA = kRing, int kRB = kRing, int kWide = 0>
-int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, int pad) {
+int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, int pad, int skip = 0) {
   int sms = 0;
   EPMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   auto kernel = tile_mainloop<kWG, kN, kMc, kRA, kRB, kWide>;
@@ -503,7 +519,7 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   double elapsed = 0;
   while (elapsed < run_ms) {
     EPMOE_CUDA_CHECK(cudaEventRecord(e0));
-    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_a64, steps, rows_a, rows_b, bshare, idle, pad, cyc, sink));
+    EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_a64, steps, rows_a, rows_b, bshare, idle, pad, skip, cyc, sink));
     EPMOE_CUDA_CHECK(cudaGetLastError());
     EPMOE_CUDA_CHECK(cudaEventRecord(e1));
     EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
@@ -526,12 +542,12 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   const double med_ms = late[late.size() / 2];
   const double macs = double(ctas) * steps * 64.0 * kWG * kN * 64;
   const double cyc_med = double(v[v.size() / 2]);
-  std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
+  std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d, skip %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
               kWG, kN, kMc && kWide == 3 ? " wide k steps, 3 x 72 KB ring, B-multicast pairs" : kMc ? " B-multicast pairs" : kWide == 4 ? " mix, flags per item" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : kWide == 2 ? " mix (every PAD-th item wide)" : "", kRA, kRB,
               kWide == 1 || kWide == 3 ? 64 : 64 * kWG, kWide == 1 || kWide == 3 ? 2 * kN : kN,
               (kWide == 1 || kWide == 3 ? abytes(kWG) / 2 + 2 * bbytes(kN) / (kMc ? 2 : 1) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
-              rows_a, rows_b, bshare, idle, pad, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
+              rows_a, rows_b, bshare, idle, pad, skip, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
               cyc_med / (med_ms * 1e3));
   EPMOE_CUDA_CHECK(cudaFree(a));
   EPMOE_CUDA_CHECK(cudaFree(b));
@@ -550,10 +566,11 @@ int main(int argc, char** argv) {
   const int bshare = argc > 6 ? std::atoi(argv[6]) : (mc ? 6 : 5);
   const int idle = argc > 7 ? std::atoi(argv[7]) : 0;
   const int pad = argc > 8 ? std::atoi(argv[8]) : 0;
+  const int skip = argc > 9 ? std::atoi(argv[9]) : 0;
   const bool ok = pad >= -64 && pad <= 1000000 && idle >= 0 && idle <= 1000000 && rows_a >= 256 && rows_b >= 256 && rows_a <= (1 << 20) && rows_b <= (1 << 20) && bshare >= 1 &&
                   bshare <= 64 && (!mc || bshare % 2 == 0);
-  if (ok && form == "2x256") return run<2, 256, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  if (ok && form == "2x256mc") return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256") return run<2, 256, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad, skip);
+  if (ok && form == "2x256mc") return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad, skip);
   if (ok && form == "2x256wide3mc" && rows_b >= 512) return run<2, 256, true, kRing, kRing, 3>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256mixh" && rows_b >= 512 && pad >= 1) return run<2, 256, false, kRing, kRing, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a4b5") return run<2, 256, false, 4, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
@@ -564,7 +581,7 @@ int main(int argc, char** argv) {
   if (ok && form == "2x256a3b4") return run<2, 256, false, 3, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "3x192") return run<3, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x192") return run<2, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256wide3mc|2x256mix|2x256mixh|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD]]]]]]   (consumer warpgroups x"
+  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256wide3mc|2x256mix|2x256mixh|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD [SKIP]]]]]]]   (consumer warpgroups x"
                " N, mc: B multicast in 2-CTA clusters; milliseconds of launches, > 1000; source rows 256..1048576, default"
                " 4096 = 16 MB, L2-resident; CTAS: how many, 0 = all that fit at once; BSHARE: CTAs reading one B block,"
                " default 5, 6 for mc, even for mc; IDLE: cycles each consumer warpgroup sleeps after each 32-step item; PAD: every PAD-th item has zero rows in its second 64, as a tile half of padding rows; PAD < 0: every |PAD|-th item all zero rows; 0 = none)\n");
