@@ -159,9 +159,10 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   constexpr bool kSplit = kRA != kRB;
   static_assert(!kSplit || (!kMc && kRB > kRA && kRA >= 2), "split rings: single CTAs, the B ring the deeper");
-  static_assert(kWide == 0 || ((!kMc || kWide == 3) && !kSplit && kWG == 2 && kN == 256 && kWide >= 1 && kWide <= 4),
+  static_assert(kWide == 0 || ((!kMc || kWide == 3 || kWide == 5) && (kWide != 5 || kMc) && !kSplit && kWG == 2 &&
+                                 kN == 256 && kWide >= 1 && kWide <= 5),
                 "wide k steps: the 2 x 256 form, on two ring slots (1), mixed (2, 4: flags per item) or a 3-deep ring"
-                " (3; single CTAs or B-multicast pairs)");
+                " (3; single CTAs or B-multicast pairs; 5: pairs forwarding their B box by DSMEM)");
   constexpr bool kMix = kWide == 2 || kWide == 4;
   __shared__ __align__(8) uint64_t full[kRing], empty[kRing], full_b[kRB], empty_b[kRB];  // *_b: split rings
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -172,7 +173,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     mbar_init(smem_u32(&full[threadIdx.x]), 1);
     mbar_init(smem_u32(&empty[threadIdx.x]), 128 * kWG * (kMc ? 2 : 1));  // every consumer thread (of both CTAs)
   }
-  if ((kSplit || kMix) && threadIdx.x < kRB) {  // (mix: the wide layout's 3 slots)
+  if ((kSplit || kMix || kWide == 5) && threadIdx.x < kRB) {  // (5: full_b = this CTA's own loads)  // (mix: the wide layout's 3 slots)
     mbar_init(smem_u32(&full_b[threadIdx.x]), 1);
     mbar_init(smem_u32(&empty_b[threadIdx.x]), 128 * kWG);
   }
@@ -255,6 +256,26 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
           }
         }
       }
+      if constexpr (kWide == 5) {
+        // 2x256wide3fw (S26): the wide3mc tile, but each CTA loads its B box from L2 into its own ring
+        // only (with its A rows, completing on full_b) and a forwarder thread copies the box into the
+        // peer's ring by DSMEM (completing on the peer's full): 40 KB per CTA and k step through the
+        // SM's L2 port and 32 KB over the cluster's SM-to-SM network - does DSMEM add ingress?
+        for (int s = 0; s < steps; ++s) {
+          const int slot = s % 3;
+          if (s >= 3) mbar_wait(smem_u32(&empty[slot]), uint32_t((s / 3 - 1) & 1));
+          const uint32_t item = uint32_t(s / kKSteps);
+          const int k = s % kKSteps;
+          const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 + 1));
+          const uint32_t bgroup = cluster_id_x() / uint32_t(bshare / 2);
+          const int rb0 = int(hash3(bgroup, item, 2) % uint32_t(rows_b - 2 * kN + 1));
+          const uint32_t own = smem_u32(&full_b[slot]), dst = base + uint32_t(slot) * kWideStage;
+          mbar_arrive_expect_tx(own, 8 * 1024 + bbytes(kN));
+          tma_load_2d(dst, &map_a, own, k * 64, ra);
+          tma_load_2d(dst + 8 * 1024 + rank * bbytes(kN), &map_b, own, k * 64, rb0 + int(rank) * kN);
+          mbar_arrive_expect_tx(smem_u32(&full[slot]), bbytes(kN));  // the peer's box, by its forwarder
+        }
+      }
       if constexpr (kWide == 3) {
         for (int s = 0; s < steps; ++s) {
           const int slot = s % 3;
@@ -313,6 +334,14 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
                                 uint16_t(0x3));
         else
           tma_load_2d(dst + kA, &map_b, bar, int(k) * 64, rb);
+      }
+    }
+    if (kWide == 5 && t == 32) {  // the forwarder: this CTA's B box of each stage -> the peer's ring
+      const uint32_t peer_base = mapa_shared(base, rank ^ 1u), peer_full0 = mapa_shared(smem_u32(&full[0]), rank ^ 1u);
+      for (int s = 0; s < steps; ++s) {
+        const uint32_t slot = uint32_t(s % 3), off = slot * kWideStage + 8 * 1024 + rank * bbytes(kN);
+        mbar_wait(smem_u32(&full_b[slot]), uint32_t((s / 3) & 1));
+        bulk_copy_to_peer(peer_base + off, base + off, bbytes(kN), peer_full0 + 8 * slot);
       }
     }
   } else {
@@ -381,8 +410,9 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
     } else
     for (int s = 0; s < steps; ++s) {
       uint32_t da, db;
-      if constexpr (kWide == 3) {  // A: the stage's 64 rows for both warpgroups; B: box j (wg 1) or j + 1 (wg 2)
+      if constexpr (kWide == 3 || kWide == 5) {  // A: the stage's 64 rows for both warpgroups; B: box j (wg 1) or j + 1 (wg 2)
         const int slot = s % 3;
+        if constexpr (kWide == 5) mbar_wait(smem_u32(&full_b[slot]), uint32_t((s / 3) & 1));  // own A + box
         mbar_wait(smem_u32(&full[slot]), uint32_t((s / 3) & 1));
         da = smem_desc_sw128_lo(base + uint32_t(slot) * kWideStage);
         db = smem_desc_sw128_lo(base + uint32_t(slot) * kWideStage + 8 * 1024 + uint32_t(wg - 1) * bbytes(kN));
@@ -429,7 +459,7 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
         wgmma_wait<1>();
         fence_acc(acc);
       }
-      if (s > 0 && kWide == 3) {  // step s-1's wgmmas are done
+      if (s > 0 && (kWide == 3 || kWide == 5)) {  // step s-1's wgmmas are done
         mbar_arrive(smem_u32(&empty[(s - 1) % 3]));
         if constexpr (kMc) mbar_arrive_remote(peer_empty0 + 8u * uint32_t((s - 1) % 3));
       } else if (s > 0 && kWide == 1) {  // step s-1's wgmmas are done: both of its slots
@@ -503,7 +533,7 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(a), size_t(rows_a) * kK / 2, 12345u);
   fill_random<<<1024, 256>>>(reinterpret_cast<uint32_t*>(b), size_t(rows_b) * kK / 2, 777u);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  const CUtensorMap map_a = make_matrix_map(a, rows_a + kZeroRows, kK, kWide == 1 || kWide == 3 ? 64 : 64 * kWG);
+  const CUtensorMap map_a = make_matrix_map(a, rows_a + kZeroRows, kK, kWide == 1 || kWide == 3 || kWide == 5 ? 64 : 64 * kWG);
   const CUtensorMap map_a64 = make_matrix_map(a, rows_a + kZeroRows, kK, 64);  // the mix's wide items
   const CUtensorMap map_b = make_matrix_map(b, rows_b, kK, kMc && kWide == 0 ? kN / 2 : kN);
   long long* cyc = nullptr;
@@ -544,9 +574,9 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   const double cyc_med = double(v[v.size() / 2]);
   std::printf("consumer warpgroups %d x m64n%dk16%s, rings A%d / B%d (tile %d x %d, %u KB per k step from L2; %d CTAs; sources %d / %d rows, B shared by %d CTAs; idle %d cycles per item; pad %d, skip %d) | %.1f cycles per k step | MAC/cycle/SM %.0f "
               "(%.1f%% of 2048) | steady %.0f TFLOP/s (median of %zu launches, %.3f ms) | clock ~%.0f MHz\n",
-              kWG, kN, kMc && kWide == 3 ? " wide k steps, 3 x 72 KB ring, B-multicast pairs" : kMc ? " B-multicast pairs" : kWide == 4 ? " mix, flags per item" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : kWide == 2 ? " mix (every PAD-th item wide)" : "", kRA, kRB,
-              kWide == 1 || kWide == 3 ? 64 : 64 * kWG, kWide == 1 || kWide == 3 ? 2 * kN : kN,
-              (kWide == 1 || kWide == 3 ? abytes(kWG) / 2 + 2 * bbytes(kN) / (kMc ? 2 : 1) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
+              kWG, kN, kWide == 5 ? " wide k steps, 3 x 72 KB ring, pairs forwarding B by DSMEM" : kMc && kWide == 3 ? " wide k steps, 3 x 72 KB ring, B-multicast pairs" : kMc ? " B-multicast pairs" : kWide == 4 ? " mix, flags per item" : kWide == 1 ? " wide k steps on 2 ring slots" : kWide == 3 ? " wide k steps, 3 x 72 KB ring" : kWide == 2 ? " mix (every PAD-th item wide)" : "", kRA, kRB,
+              kWide == 1 || kWide == 3 || kWide == 5 ? 64 : 64 * kWG, kWide == 1 || kWide == 3 || kWide == 5 ? 2 * kN : kN,
+              (kWide == 1 || kWide == 3 || kWide == 5 ? abytes(kWG) / 2 + 2 * bbytes(kN) / (kMc ? 2 : 1) : abytes(kWG) + bbytes(kN) / (kMc ? 2 : 1)) / 1024, ctas,
               rows_a, rows_b, bshare, idle, pad, skip, cyc_med / steps, macs / ctas / cyc_med, 100.0 * macs / ctas / cyc_med / 2048.0, 2.0 * macs / (med_ms * 1e-3) / 1e12, late.size(), med_ms,
               cyc_med / (med_ms * 1e3));
   EPMOE_CUDA_CHECK(cudaFree(a));
@@ -562,7 +592,7 @@ int main(int argc, char** argv) {
   const double ms = argc > 2 ? std::atof(argv[2]) : 3000.0;
   const int rows_a = argc > 3 ? std::atoi(argv[3]) : 4096, rows_b = argc > 4 ? std::atoi(argv[4]) : 4096;
   const int ctas = argc > 5 ? std::atoi(argv[5]) : 0;
-  const bool mc = form == "2x256mc" || form == "2x256wide3mc";
+  const bool mc = form == "2x256mc" || form == "2x256wide3mc" || form == "2x256wide3fw";
   const int bshare = argc > 6 ? std::atoi(argv[6]) : (mc ? 6 : 5);
   const int idle = argc > 7 ? std::atoi(argv[7]) : 0;
   const int pad = argc > 8 ? std::atoi(argv[8]) : 0;
@@ -572,6 +602,7 @@ int main(int argc, char** argv) {
   if (ok && form == "2x256") return run<2, 256, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad, skip);
   if (ok && form == "2x256mc") return run<2, 256, true>(ms, rows_a, rows_b, ctas, bshare, idle, pad, skip);
   if (ok && form == "2x256wide3mc" && rows_b >= 512) return run<2, 256, true, kRing, kRing, 3>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
+  if (ok && form == "2x256wide3fw" && rows_b >= 512) return run<2, 256, true, kRing, kRing, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256mixh" && rows_b >= 512 && pad >= 1) return run<2, 256, false, kRing, kRing, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a4b5") return run<2, 256, false, 4, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x256a3b5") return run<2, 256, false, 3, 5>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
@@ -581,7 +612,7 @@ int main(int argc, char** argv) {
   if (ok && form == "2x256a3b4") return run<2, 256, false, 3, 4>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "3x192") return run<3, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
   if (ok && form == "2x192") return run<2, 192, false>(ms, rows_a, rows_b, ctas, bshare, idle, pad);
-  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256wide3mc|2x256mix|2x256mixh|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD [SKIP]]]]]]]   (consumer warpgroups x"
+  std::fprintf(stderr, "usage: tre 2x256|2x256mc|2x256a4b5|2x256a3b5|2x256a3b4|2x256wide|2x256wide3|2x256wide3mc|2x256wide3fw|2x256mix|2x256mixh|3x192|2x192 [MS [ROWS_A ROWS_B [CTAS [BSHARE [IDLE [PAD [SKIP]]]]]]]   (consumer warpgroups x"
                " N, mc: B multicast in 2-CTA clusters; milliseconds of launches, > 1000; source rows 256..1048576, default"
                " 4096 = 16 MB, L2-resident; CTAS: how many, 0 = all that fit at once; BSHARE: CTAs reading one B block,"
                " default 5, 6 for mc, even for mc; IDLE: cycles each consumer warpgroup sleeps after each 32-step item; PAD: every PAD-th item has zero rows in its second 64, as a tile half of padding rows; PAD < 0: every |PAD|-th item all zero rows; 0 = none)\n");
