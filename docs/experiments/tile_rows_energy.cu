@@ -24,7 +24,9 @@
 // ring with the two B boxes multicast in 2-CTA clusters: a 64-row tile design at 40 KB per k step);
 // SKIP (9th argument; forms 2x256 and 2x256mc with PAD > 0): 1 = the padding items' upper warpgroup
 // issues no wgmma (a skipped padding half; in 2x256mc only rank 1's item is padding, so the multicast
-// pair holds it to its partner's pace), 2 = 2x256mc's control (rank 1's padding computed).
+// pair holds it to its partner's pace), 2 = 2x256mc's control (rank 1's padding computed);
+// 2x256wide3fw: the wide3mc tile with each CTA's B box forwarded to its peer by a DSMEM bulk copy
+// instead of multicast (does the SM-to-SM path add ingress? S26-7: no).
 //
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
