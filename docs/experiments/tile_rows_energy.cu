@@ -258,43 +258,34 @@ __global__ void __launch_bounds__(128 * (kWG + 1), 1)
           }
         }
       }
-      if constexpr (kWide == 5) {
-        // 2x256wide3fw (S26): the wide3mc tile, but each CTA loads its B box from L2 into its own ring
-        // only (with its A rows, completing on full_b) and a forwarder thread copies the box into the
-        // peer's ring by DSMEM (completing on the peer's full): 40 KB per CTA and k step through the
-        // SM's L2 port and 32 KB over the cluster's SM-to-SM network - does DSMEM add ingress?
-        for (int s = 0; s < steps; ++s) {
-          const int slot = s % 3;
-          if (s >= 3) mbar_wait(smem_u32(&empty[slot]), uint32_t((s / 3 - 1) & 1));
-          const uint32_t item = uint32_t(s / kKSteps);
-          const int k = s % kKSteps;
-          const int ra = int(hash3(blockIdx.x, item, 1) % uint32_t(rows_a - 64 + 1));
-          const uint32_t bgroup = cluster_id_x() / uint32_t(bshare / 2);
-          const int rb0 = int(hash3(bgroup, item, 2) % uint32_t(rows_b - 2 * kN + 1));
-          const uint32_t own = smem_u32(&full_b[slot]), dst = base + uint32_t(slot) * kWideStage;
-          mbar_arrive_expect_tx(own, 8 * 1024 + bbytes(kN));
-          tma_load_2d(dst, &map_a, own, k * 64, ra);
-          tma_load_2d(dst + 8 * 1024 + rank * bbytes(kN), &map_b, own, k * 64, rb0 + int(rank) * kN);
-          mbar_arrive_expect_tx(smem_u32(&full[slot]), bbytes(kN));  // the peer's box, by its forwarder
-        }
-      }
-      if constexpr (kWide == 3) {
+      if constexpr (kWide == 3 || kWide == 5) {
         for (int s = 0; s < steps; ++s) {
           const int slot = s % 3;
           if (s >= 3) mbar_wait(smem_u32(&empty[slot]), uint32_t((s / 3 - 1) & 1));
           int ra, rb, k;
           rows_of(s, ra, rb, k);
-          const uint32_t bar = smem_u32(&full[slot]), dst = base + uint32_t(slot) * kWideStage;
-          mbar_arrive_expect_tx(bar, kWideStage);
+          // kWide 5: this CTA's own loads complete on full_b (its forwarder waits for them there), the
+          // peer's forwarded box on full; else everything on full.
+          const uint32_t bar = smem_u32(kWide == 5 ? &full_b[slot] : &full[slot]);
+          const uint32_t dst = base + uint32_t(slot) * kWideStage;
+          mbar_arrive_expect_tx(bar, kWide == 5 ? 8 * 1024 + bbytes(kN) : kWideStage);
           tma_load_2d(dst, &map_a, bar, k * 64, ra);  // 64 rows
           if constexpr (kMc) {
             // 2x256wide3mc (S26): the pair's two CTAs compute different 64-row halves against the same
             // two B boxes; CTA rank r loads box j + r and multicasts it into both rings (40 KB per CTA
             // and k step from L2 instead of 72), as a 64-row tile design with B shared by two row halves.
+            // 2x256wide3fw (kWide 5, S26): the same tile, but each CTA loads its box into its own ring
+            // only and a forwarder thread copies it into the peer's ring by DSMEM (completing on the
+            // peer's full): 40 KB per k step through the SM's L2 port, 32 KB over the SM-to-SM network.
             const uint32_t bgroup = cluster_id_x() / uint32_t(bshare / 2);
             const int rb0 = int(hash3(bgroup, uint32_t(s / kKSteps), 2) % uint32_t(rows_b - 2 * kN + 1));
-            tma_load_2d_multicast(dst + 8 * 1024 + rank * bbytes(kN), &map_b, bar, k * 64, rb0 + int(rank) * kN,
-                                  uint16_t(0x3));
+            const uint32_t box = dst + 8 * 1024 + rank * bbytes(kN);
+            if constexpr (kWide == 5) {
+              tma_load_2d(box, &map_b, bar, k * 64, rb0 + int(rank) * kN);
+              mbar_arrive_expect_tx(smem_u32(&full[slot]), bbytes(kN));  // the peer's box, by its forwarder
+            } else {
+              tma_load_2d_multicast(box, &map_b, bar, k * 64, rb0 + int(rank) * kN, uint16_t(0x3));
+            }
           } else {
             const int rb0 = rb % (rows_b - 2 * kN + 1);
             tma_load_2d(dst + 8 * 1024, &map_b, bar, k * 64, rb0);
