@@ -27,6 +27,7 @@
 // pair holds it to its partner's pace), 2 = 2x256mc's control (rank 1's padding computed);
 // 2x256wide3fw: the wide3mc tile with each CTA's B box forwarded to its peer by a DSMEM bulk copy
 // instead of multicast (does the SM-to-SM path add ingress? S26-7: no).
+// Session 27: the 192 x 256 tile on two warpgroups is docs/experiments/tall_tile_energy.cu.
 //
 // From the repository root:
 //   nvcc -std=c++20 -O3 -I. -Isrc -gencode=arch=compute_90a,code=sm_90a docs/experiments/tile_rows_energy.cu \
@@ -54,10 +55,14 @@
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
 #include "docs/experiments/random_bf16.cuh"
+#include "docs/experiments/tool_timing.cuh"
 
 using namespace epmoe::kernels::sm90;
 using epmoe::experiments::fill_random;
+using epmoe::experiments::consumer_cycles;
+using epmoe::experiments::fence_acc;
 using epmoe::experiments::hash3;
+using epmoe::experiments::time_steady;
 
 namespace {
 constexpr int kK = 2048;  // A and B sources: ROWS x 2048 bf16 (default 4096 rows, 16 MB each: L2-resident)
@@ -119,13 +124,6 @@ __device__ __forceinline__ void wgmma_m64n192k16_bf16(float (&d)[96], uint64_t d
           "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
           "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
         : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// Keeps the compiler from moving accumulator reads/writes across wgmma issue/wait points.
-template <int N>
-__device__ __forceinline__ void fence_acc(float (&d)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
 // B-multicast form (S25): the same 2 x 256 tile, but a 2-CTA cluster shares the B rows - each CTA
@@ -535,33 +533,11 @@ int run(double run_ms, int rows_a, int rows_b, int ctas, int bshare, int idle, i
   EPMOE_CUDA_CHECK(cudaMalloc(&sink, sizeof(float) * 384 * size_t(ctas)));
   // About 2 ms per launch for every form (~6.4e9 MACs per SM).
   const int steps = int(6.4e9 / (64.0 * kWG * kN * 64) / kKSteps) * kKSteps;
-  cudaEvent_t e0, e1;
-  EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
-  EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> late;  // launches after the first second: the power-capped steady state
-  double elapsed = 0;
-  while (elapsed < run_ms) {
-    EPMOE_CUDA_CHECK(cudaEventRecord(e0));
+  const std::vector<float> late = time_steady(run_ms, [&] {
     EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, map_a, map_b, map_a64, steps, rows_a, rows_b, bshare, idle, pad, skip, cyc, sink));
-    EPMOE_CUDA_CHECK(cudaGetLastError());
-    EPMOE_CUDA_CHECK(cudaEventRecord(e1));
-    EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (elapsed > 1000.0) late.push_back(ms);
-    elapsed += ms;
-  }
-  if (late.empty()) {
-    std::fprintf(stderr, "tre: run for more than 1000 ms to reach the steady state\n");
-    return 2;
-  }
-  std::vector<long long> c(3 * size_t(ctas));
-  EPMOE_CUDA_CHECK(cudaMemcpy(c.data(), cyc, c.size() * sizeof(long long), cudaMemcpyDeviceToHost));
-  std::vector<long long> v;
-  for (int i = 0; i < ctas; ++i)
-    for (int w = 0; w < kWG; ++w) v.push_back(c[3 * size_t(i) + size_t(w)]);
-  std::sort(v.begin(), v.end());
-  std::sort(late.begin(), late.end());
+  });
+  if (late.empty()) return 2;
+  const std::vector<long long> v = consumer_cycles(cyc, ctas, kWG);
   const double med_ms = late[late.size() / 2];
   const double macs = double(ctas) * steps * 64.0 * kWG * kN * 64;
   const double cyc_med = double(v[v.size() / 2]);
