@@ -24,6 +24,7 @@
 // consumers load when an item's first stage arrives).
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
+#include "kernels/sm90_down_staging.cuh"
 #include "kernels/sm90_work_items.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
@@ -60,38 +61,6 @@ __device__ __forceinline__ void load_w2_stage(const CUtensorMap* tm_w2, uint32_t
   }
 }
 
-// Staged epilogue: a consumer warpgroup writes its 64 rows x 128 columns (one half of the item's 256)
-// of weighted bf16 into its staging buffer with stmatrix (8 per thread, no shuffles) and goes on; the
-// reducer warps (warps 1..3 of the producer warpgroup, idle otherwise) read each row back and reduce
-// it into out with 16-byte red.global.add - a half warp covers one row's 256 contiguous bytes. Row r's
-// 16-byte chunk j sits at r*256 + (j ^ (r % 8))*16, so both the 8-row stmatrix phases and the row reads
-// are free of bank conflicts. Handshake per warpgroup c: staged[c] (128 consumer arrivals) and
-// drained[c] (32 * kReducerWarps arrivals: every reducer lane), one phase per half. The held half is
-// stored at k step flush_step of the next item (sm90_down_flush_step: the middle by default), so the
-// reducers get about half an item for each half - storing it at step 2 often waited on drained
-// (PERF session 10).
-// The 32 packed words of one half (8 column-group pairs x {rows 0-7, 8-15} x 2 groups), weighted.
-__device__ __forceinline__ void pack_half(uint32_t (&v)[32], const float (&acc)[128], int half, float w0, float w1) {
-#pragma unroll
-  for (int gp = 0; gp < 8; ++gp) {  // column-group pairs (g, g + 1) of this half
-    const int g = 16 * half + 2 * gp;
-    v[4 * gp + 0] = pack_bf16x2(w0 * acc[4 * g + 0], w0 * acc[4 * g + 1]);              // rows 0-7, group g
-    v[4 * gp + 1] = pack_bf16x2(w1 * acc[4 * g + 2], w1 * acc[4 * g + 3]);              // rows 8-15, group g
-    v[4 * gp + 2] = pack_bf16x2(w0 * acc[4 * (g + 1) + 0], w0 * acc[4 * (g + 1) + 1]);  // rows 0-7, g + 1
-    v[4 * gp + 3] = pack_bf16x2(w1 * acc[4 * (g + 1) + 2], w1 * acc[4 * (g + 1) + 3]);  // rows 8-15, g + 1
-  }
-}
-// stmatrix of a packed half into the warpgroup's staging buffer (lane l: row l%8 (+8), pair half l/16).
-__device__ __forceinline__ void store_half(uint32_t stg, const uint32_t (&v)[32], int warp, int lane) {
-  const int mi = lane >> 3, rr = lane & 7;
-  const uint32_t row_addr = stg + uint32_t(16 * warp + rr + 8 * (mi & 1)) * 256u;
-#pragma unroll
-  for (int gp = 0; gp < 8; ++gp) {
-    const uint32_t w[4] = {v[4 * gp], v[4 * gp + 1], v[4 * gp + 2], v[4 * gp + 3]};
-    const int chunk = 2 * gp + (mi >> 1);
-    stmatrix_x4(row_addr + (uint32_t(chunk ^ rr) << 4), w);
-  }
-}
 #endif
 
 template <bool kCluster>
@@ -247,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                 const int r = 2 * rp + (lane >> 4);
                 const int32_t orow = stage_rows[64 * c + r];
                 uint32_t v[4];
-                ld_shared_16(stg + uint32_t(r) * 256u + (uint32_t(j ^ (r & 7)) << 4), v);
+                ld_shared_16(stg + staged_half_offset(r, j), v);
                 if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
               }
             }
@@ -368,6 +337,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
   check_expert_problem(p, "sm90_down_launch");
+  if (sm90_down_tall_launch(p, s, pdl)) return;
   if (sm90_down_granular() && sm90_down_granular_launch(p, s, pdl)) return;
   const bool cluster = sm90_down_uses_cluster(p.hidden, p.rows_capacity, p.experts);
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kBM);

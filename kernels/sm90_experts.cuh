@@ -153,6 +153,14 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // returns false (nothing queued): no expert_counts / work_counters, or clusters asked for
 // (EPMOE_SM90_CLUSTER=1 or 2). Items run in the 128-row kernels' order, as the granular UP's.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
+// DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
+// tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert). Read at each call.
+int sm90_down_rows();
+// Launches the 192-row DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
+// returns false (nothing queued) when sm90_down_rows() is 128, ffn < 192 (its staging in the ring needs
+// three k steps per item), or its schedule does not fit in shared memory beside the 4 x 56 KB ring
+// (E above ~120).
+bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.
 void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);

@@ -303,6 +303,9 @@ bool sm90_up_pair_tail_split() {
 // blocks auto -> compute at hidden 2048: 0.9893 / 0.9867 at 16k (session 14), then 0.9950 / 1.0025 /
 // 0.9987 / 1.0028 (4k, 16k, 64k, E=128 16k; session 15) - inside the A/A noise (+-1.8%), kept.
 int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compute", "skip", "auto"}, 2); }
+// Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
+// T=8k / 2048/T=16k; docs/PERF.md).
+int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", false) ? 192 : 128; }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

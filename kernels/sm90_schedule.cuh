@@ -127,6 +127,20 @@ EPMOE_SCHED_FN int64_t tail_item(int64_t w, const TailSplit& t, int& half) {
   return t.split_from + j / 2;
 }
 
+// 192-row tiles (the 192-row DOWN, sm90_down_tall_kernel.cu) over a segment of seg_rows rows (a
+// multiple of 128: the layout's padding) whose real rows come first. tall_tile_count: ceil(seg_rows /
+// 192) tiles, one fewer when that last tile would start in the padding (`last_starts_in_padding`: the
+// kernel reads pair_row at its first row), i.e. ceil(real / 192) for every real count the segment can
+// hold (seg_rows - 128 < real <= seg_rows). tall_tile_rows: the rows of tile i inside the segment
+// (64, 128 or 192); a tile's rows past the segment belong to the next one and reduce nothing.
+EPMOE_SCHED_FN int tall_tile_count(int64_t seg_rows, bool last_starts_in_padding) {
+  const int t = int((seg_rows + 191) / 192);
+  return t > 0 && last_starts_in_padding ? t - 1 : t;
+}
+EPMOE_SCHED_FN int tall_tile_rows(int64_t seg_rows, int i) {
+  const int64_t left = seg_rows - 192 * int64_t(i);
+  return int(left < 192 ? left : 192);
+}
 // Token-granular tiles (the granular UP kernel, sm90_up_granular_kernel.cu). Tile i of an expert
 // whose segment starts at seg and holds `rows` real rows in `tiles` 128-row tiles: its first row and
 // its token count n (a multiple of 16, 16 <= n <= 128; the tiles cover the real rows plus < 16 rows

@@ -21,6 +21,8 @@ using epmoe::kernels::sm90::expert_items;
 using epmoe::kernels::sm90::expert_items_bound;
 using epmoe::kernels::sm90::expert_of_item;
 using epmoe::kernels::sm90::ScheduledItem;
+using epmoe::kernels::sm90::tall_tile_count;
+using epmoe::kernels::sm90::tall_tile_rows;
 
 struct Case {
   std::vector<int> tiles;  // per expert
@@ -274,5 +276,30 @@ TEST(Sm90Schedule, GranularEpilogueStagingRoundTrips) {
               << "row bytes " << lay.row_bytes << " token " << tok << " chunk " << chunk << " element " << e;
         }
       }
+  }
+}
+
+// The 192-row DOWN's tiles: for every segment the layout can produce (128-row multiples) and every real
+// count it can hold, the kernel's count (from the padding flag of the last tile's first row) is
+// ceil(real / 192), the tiles cover every real row exactly once, start inside the segment, and say
+// how many of their rows lie in it.
+TEST(Sm90Schedule, TallTilesCoverTheRealRows) {
+  EXPECT_EQ(tall_tile_count(0, false), 0);
+  for (int64_t seg = 128; seg <= 4096; seg += 128) {
+    for (int64_t real = seg - 127; real <= seg; ++real) {
+      const int t0 = int((seg + 191) / 192);
+      const int t = tall_tile_count(seg, 192 * int64_t(t0 - 1) >= real);
+      ASSERT_EQ(t, int((real + 191) / 192)) << "seg " << seg << " real " << real;
+      int64_t covered = 0;
+      for (int i = 0; i < t; ++i) {
+        const int rows = tall_tile_rows(seg, i);
+        ASSERT_GT(rows, 0);
+        ASSERT_LE(rows, 192);
+        ASSERT_EQ(rows % 64, 0);
+        ASSERT_LE(192 * int64_t(i) + rows, seg);
+        covered += std::min<int64_t>(rows, std::max<int64_t>(0, real - 192 * int64_t(i)));
+      }
+      ASSERT_EQ(covered, real) << "seg " << seg << " real " << real;
+    }
   }
 }

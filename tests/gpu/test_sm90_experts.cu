@@ -561,6 +561,39 @@ const std::vector<Variant>& variants() {
       {"LateDecodeGraphCapturedZeroOutWithDropsE16K4H2048F1024T777", "0", "16",
        zero_in_up(with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 186, Mode::graph)), nullptr,
        "EPMOE_SM90_EARLY_DECODE", "0"},
+      // DOWN on 192-row tiles (EPMOE_SM90_DOWN_ROWS=192, sm90_down_tall_kernel.cu): small cases for the
+      // sanitizers (one item per CTA; several; tile edges, where a segment's last tall tile reaches
+      // into the next segment and its rows there must reduce nothing), skew with empty experts, all
+      // rows to one expert, dropped slots, single-row experts, a half column block (hidden 640), the
+      // 7168/2048 bench shape, graph replays with in-kernel zeroing, separate launches without PDL,
+      // one CTA per item.
+      {"TallDownSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 190), nullptr,
+       "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownSmallMultiItemE4K2H1024F1024T4096", "0", "16",
+       with({4, 2, 1024, 1024, 4096, Route::uniform, 0, 64}, 191), nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 192),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownZipfE32K4H2048F1024T4096", "0", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 193),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownOneExpertE8K2H2048F768T1000", "0", "16", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 194),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownWithDropsE16K4H2048F1024T777", "0", "16", with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 195),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownSingleRowsE16K1H4096F1024T12", "0", "16", with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 196),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownHalfBlockE4K2H640F768T300", "0", "16", with({4, 2, 640, 768, 300, Route::uniform, 0, 64}, 197), nullptr,
+       "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 198), "expert",
+       "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownGraphCapturedZeroOutE32K4H2048F1024T4096", "0", "16",
+       zero_in_up(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 199, Mode::graph)), nullptr,
+       "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownSeparateNoPdlZipfE16K4H2048F1024T2048", "0", "16",
+       with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 200, Mode::separate_no_pdl), nullptr,
+       "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallDownNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
+       with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 201), nullptr, "EPMOE_SM90_DOWN_ROWS", "192",
+       "EPMOE_SM90_PERSISTENT", "0"},
       // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
       // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
       // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,

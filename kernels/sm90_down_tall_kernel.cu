@@ -1,0 +1,335 @@
+// DOWN projection on 192-row tiles (EPMOE_SM90_DOWN_ROWS=192, opt-in): the contract of
+// sm90_down_kernel.cu (act, w2 -> out += weighted rows, red.global.add bf16x2), with taller items.
+//
+// Why: a 192 x 256 tile moves 56 KB per k step for 1.5x the MACs of the 128 x 256 tile's 48 KB, and on
+// the mainloop tool it runs 6-7% (L2-resident) to 10-12% (weights from DRAM) faster per MAC at the
+// 700 W cap (docs/PERF.md, session 27; docs/experiments/tall_tile_energy.cu). Three consumer
+// warpgroups of m64n256 cannot be built (ptxas compiles a 512-thread CTA within 128 registers), so
+// the same two do it: warpgroup c runs rows [64c, 64c + 64) against the whole 256-row W2 box
+// (m64n256, 128 accumulators) and the tile's rows [128, 192) against its own half of the box, columns
+// [128c, 128c + 128) (m64n128, 64 more). 192 accumulators need the consumers at 232 registers, so
+// the producer warpgroup keeps 40. The epilogue is staged as the 128-row kernel's (weighted bf16
+// halves stored with stmatrix, reduced into out by warps 1..3 of the producer warpgroup with 16-byte
+// reds while the tensor cores run the next item), but no separate staging buffer fits beside a
+// 4 x 56 KB ring: each consumer warpgroup stages its 48 KB in a ring slot of the item's last two k
+// steps, which the reducers, not the consumers, hand back to the producer. Reducing from registers
+// instead (the "direct" form) cost this kernel ~11% at 7168/T=2k (docs/PERF.md, session 27).
+// Measured (session 27, S27-6): correct, but slower than the 128-row kernel - DOWN alone +3.7% /
+// +7.5% / +9.9% at 7168/T=2k / T=8k / 2048/T=16k: while the reducers drain an item's two slots the
+// ring is two stages deep at the next item's start, and its loads stall. Hence opt-in; it is the
+// base of a tall UP, whose epilogue (half the bytes, no reductions) fits a buffer of its own.
+//
+// Tiles: the layout is unchanged (segments padded to 128 rows). Expert e's segment [seg, seg + P)
+// holds n real rows, then padding; it runs as t = ceil(n / 192) tiles at seg + 192 j. The schedule
+// finds t from P alone: t is ceil(P / 192) unless that tile's first row is already padding
+// (pair_row -1: padding is each segment's tail). A last tile may reach past P into the next segment
+// (P a multiple of 128, the tile 192 rows): those rows are loaded and computed but never reduced (the
+// item carries its rows inside the segment). Work order by expert (sm90_schedule.cuh's expert_item
+// over the tall tiles, groups of sm90_group_tiles()), single CTAs, persistent grid, static stride; no
+// tail split or padding halves. PDL as in the 128-row kernel: the prologue (schedule, barriers, the
+// first stages' W2 loads) runs before griddepcontrol.wait, the act loads after it.
+#include "kernels/cuda_check.cuh"
+#include "kernels/sm90_common.cuh"
+#include "kernels/sm90_down_staging.cuh"
+#include "kernels/sm90_experts.cuh"
+#include "kernels/sm90_launch_config.cuh"
+#include "kernels/sm90_schedule.cuh"
+#include "kernels/sm90_tensor_maps.cuh"
+#include "kernels/sm90_wgmma_n.cuh"
+
+namespace epmoe::kernels {
+namespace sm90 {
+
+inline constexpr int kTallRows = 192;  // = tall_tile_count / tall_tile_rows' tile (sm90_schedule.cuh)
+inline constexpr uint32_t kTallATileBytes = kTallRows * kBK * 2;  // 24 KB
+inline constexpr uint32_t kTallStageBytes = kTallATileBytes + kBTileBytes;
+inline constexpr uint32_t kTallProducerRegs = 40, kTallConsumerRegs = 232;
+static_assert(setmaxnreg_split_fits(kTallProducerRegs, kTallConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
+static_assert(kTallATileBytes % 1024 == 0, "the B stages after the A stages must keep 1024 B alignment");
+// Static shared memory (barriers, item slots, the reducers' row table) the opt-in limit also covers.
+inline constexpr size_t kTallStaticSmemReserve = 1024;
+// Dynamic shared memory: alignment slack, the ring, then the schedule (item_off and seg64, E + 1 each).
+inline size_t tall_down_smem_bytes(int experts) {
+  return 1024 + size_t(kStages) * kTallStageBytes + (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
+}
+// Item hand-off slot: {first row / 64, column block | (rows in the segment / 64) << 28}.
+inline constexpr int kTallRowsShift = 28;
+// Staging in the ring: warpgroup c's output of an item goes into the slot of the item's k step
+// num_k - 2 + c (56 KB): its 64 rows' two 128-column halves and its 64 x 128 extra rows as three
+// 16 KB halves (stmatrix layout, sm90_down_staging.cuh), the first in the A part, two in the B part.
+// The reducers decode the item themselves and read its rows' out rows into shared memory while the
+// consumers still run its main loop. Needs num_k >= 3 (a slot is rewritten only after the reducers
+// release it; with two stages per item a warpgroup could stage twice before they read once).
+inline constexpr uint32_t kTallEpiBarrier = 1;     // named barrier of the two consumer warpgroups
+inline constexpr uint32_t kTallReduceBarrier = 2;  // named barrier of the reducer warps
+static_assert(kTallATileBytes >= kStageHalfBytes && kBTileBytes == 2 * kStageHalfBytes,
+              "the staged halves fit a ring slot");
+
+#if EPMOE_SM90A_DEVICE
+struct TallItem {
+  bool valid;
+  int64_t m0;  // first row of the tile
+  int nb;      // column block
+  int e;       // expert
+  int rows;    // rows of the tile inside the expert's segment: 64, 128 or 192
+};
+// Warp 0 fills item_off[0..E] (exclusive prefix of the experts' items) and seg64[0..E] (segment
+// starts / 64), then a CTA barrier. Reads padded_offsets and pair_row (layout outputs, complete
+// before the UP grid started: safe before griddepcontrol.wait).
+__device__ __forceinline__ void build_tall_schedule(const int64_t* __restrict__ padded_offsets,
+                                                    const int32_t* __restrict__ pair_row, int experts, int nn,
+                                                    int32_t* item_off, int32_t* seg64) {
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x);
+    int32_t carry = 0;
+    for (int base = 0; base < experts; base += 32) {
+      const int e = base + lane;
+      int32_t n = 0;
+      if (e < experts) {
+        const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
+        const int t0 = int((p + kTallRows - 1) / kTallRows);
+        const int t = tall_tile_count(p, t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0);
+        seg64[e] = int32_t(seg / 64);
+        n = t * nn;
+      }
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scan
+        const int32_t v = __shfl_up_sync(0xffffffffu, n, d);
+        if (lane >= d) n += v;
+      }
+      if (e < experts) item_off[e + 1] = carry + n;
+      carry += __shfl_sync(0xffffffffu, n, 31);
+    }
+    if (lane == 0) {
+      item_off[0] = 0;
+      seg64[experts] = int32_t(padded_offsets[experts] / 64);
+    }
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ uint32_t tall_chunk(uint32_t sA, uint32_t sB, uint32_t slot, int chunk) {
+  return chunk == 0 ? sA + slot * kTallATileBytes : sB + slot * kBTileBytes + uint32_t(chunk - 1) * kStageHalfBytes;
+}
+__device__ __forceinline__ TallItem tall_item(int64_t w, const int32_t* item_off, const int32_t* seg64, int experts,
+                                              int nn, int group) {
+  TallItem t{};
+  t.valid = w < item_off[experts];
+  if (!t.valid) return t;
+  t.e = expert_of_item(item_off, experts, int(w));
+  const int tiles = (item_off[t.e + 1] - item_off[t.e]) / nn;
+  const ScheduledItem s = expert_item(int(w) - item_off[t.e], 0, tiles, nn, group, false, 0u);
+  const int64_t seg = int64_t(seg64[t.e]) * 64;
+  t.m0 = seg + int64_t(kTallRows) * s.tile;
+  t.nb = s.nb;
+  t.rows = tall_tile_rows(int64_t(seg64[t.e + 1]) * 64 - seg, s.tile);
+  return t;
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_down_tall_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
+                          const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
+                          const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
+                          int hidden, int ffn, int group_tiles) {
+#if EPMOE_SM90A_DEVICE
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  __shared__ __align__(8) uint64_t staged[2];          // consumer warpgroup c's staging slot is written
+  __shared__ int2 item_slots[kStages];
+  __shared__ int32_t tile_rows[kTallRows];             // the reducers' out row of each tile row (-1: none)
+  extern __shared__ uint8_t dyn_smem[];
+  uint8_t* ring = dyn_smem + ((1024u - (smem_u32(dyn_smem) & 1023u)) & 1023u);
+  int32_t* item_off = reinterpret_cast<int32_t*>(ring + size_t(kStages) * kTallStageBytes);
+  int32_t* seg64 = item_off + experts + 1;
+  const int nn = (hidden + kBN - 1) / kBN, num_k = ffn / kBK;
+  const int group = group_tiles < 1 ? 1 : group_tiles;
+  const uint32_t sA = smem_u32(ring), sB = sA + kStages * kTallATileBytes;
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
+  const uint32_t staged0 = smem_u32(&staged[0]);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, kConsumerThreads);  // consumers, or for a staging slot the reducers
+    }
+    for (int c = 0; c < 2; ++c) mbar_init(staged0 + 8 * c, 128);
+    mbar_fence_init();
+  }
+  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64);  // (ends in a CTA barrier)
+  const int64_t items = item_off[experts];
+  if (int64_t(blockIdx.x) >= items) return;
+  const int wg = int(threadIdx.x / 128);
+
+  if (wg == 0) {
+    // ---------------- producer: thread 0 decodes and issues ----------------
+    setmaxnreg_dec<kTallProducerRegs>();
+    if (threadIdx.x >= 32) {
+      // ---------------- reducers (warps 1..3): the staging slots -> out ----------------
+      grid_dependency_wait();  // out is written only after the UP grid (and the zeroing before it)
+      const int rw = int(threadIdx.x / 32) - 1, lane = int(threadIdx.x & 31), j = lane & 15;
+      uint32_t it = 0, ph = 0;
+      for (int64_t w = blockIdx.x; w < items; w += gridDim.x, ++ph) {
+        it += uint32_t(num_k);
+        // The item (decoded as the producer does) and its rows' out rows, loaded into tile_rows while
+        // the consumers still run its main loop, so the drain reads them from shared memory.
+        const TallItem t = tall_item(w, item_off, seg64, experts, nn, group);
+        named_barrier_sync(kTallReduceBarrier, 32 * kReducerWarps);  // the previous item's reads are done
+        for (int r = int(threadIdx.x) - 32; r < kTallRows; r += 32 * kReducerWarps)
+          tile_rows[r] = r < t.rows ? pair_row[t.m0 + r] : -1;
+        named_barrier_sync(kTallReduceBarrier, 32 * kReducerWarps);
+        const int n0 = t.nb * kBN;
+        for (int c = 0; c < 2; ++c) {
+          mbar_wait(staged0 + 8 * c, ph & 1u);
+          const uint32_t slot = (it - 2 + uint32_t(c)) % kStages;
+          for (int chunk = 0; chunk < 3; ++chunk) {
+            const int col0 = chunk < 2 ? n0 + 128 * chunk : n0 + 128 * c;
+            if (col0 >= hidden) continue;  // (hidden % 256 == 128: the last block's upper half)
+            const uint32_t stg = tall_chunk(sA, sB, slot, chunk);
+            for (int rp = rw; rp < 32; rp += kReducerWarps) {  // row pairs: a half warp per row
+              const int r = 2 * rp + (lane >> 4);
+              const int32_t orow = tile_rows[(chunk < 2 ? 64 * c : 128) + r];
+              uint32_t v[4];
+              ld_shared_16(stg + staged_half_offset(r, j), v);
+              if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
+            }
+          }
+          fence_proxy_async_shared();  // these reads before the producer's TMA rewrites the slot
+          mbar_arrive(empty0 + 8 * slot);  // every reducer lane releases its own reads
+          if (threadIdx.x == 32) mbar_arrive(empty0 + 8 * slot, kConsumerThreads - 32 * kReducerWarps);
+        }
+      }
+      return;
+    }
+    if (threadIdx.x != 0) return;
+    tma_prefetch_desc(&tm_act);
+    tma_prefetch_desc(&tm_w2);
+    auto publish = [&](uint32_t s, const TallItem& t) {
+      item_slots[s] = make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift));
+    };
+    int64_t w = blockIdx.x;
+    TallItem cur = tall_item(w, item_off, seg64, experts, nn, group);
+    const int npre = num_k < kStages ? num_k : kStages;
+    // The first item's first stages: W2 (independent of the UP grid) before the PDL wait, act after.
+    publish(0, cur);
+    for (int p = 0; p < npre; ++p) {
+      mbar_arrive_expect_tx(full0 + 8 * p, kTallStageBytes);
+      tma_load_3d(sB + p * kBTileBytes, &tm_w2, full0 + 8 * p, p * kBK, cur.nb * kBN, cur.e);
+    }
+    grid_dependency_wait();  // act is complete and visible from here on
+    for (int p = 0; p < npre; ++p) tma_load_2d(sA + p * kTallATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(cur.m0));
+    uint32_t it = uint32_t(npre);
+    int kt = npre;
+    while (cur.valid) {
+      // The next item is decoded right after this item's first issued stage, in the slack of the
+      // empty waits (as the 128-row kernel's early decode).
+      TallItem nxt{};
+      bool decoded = false;
+      for (; kt < num_k; ++kt, ++it) {
+        const uint32_t s = it % kStages, full = full0 + 8 * s;
+        if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+        if (kt == 0) publish(s, cur);
+        mbar_arrive_expect_tx(full, kTallStageBytes);
+        tma_load_2d(sA + s * kTallATileBytes, &tm_act, full, kt * kBK, int(cur.m0));
+        tma_load_3d(sB + s * kBTileBytes, &tm_w2, full, kt * kBK, cur.nb * kBN, cur.e);
+        if (!decoded) {
+          nxt = tall_item(w + gridDim.x, item_off, seg64, experts, nn, group);
+          decoded = true;
+        }
+      }
+      if (!decoded) nxt = tall_item(w + gridDim.x, item_off, seg64, experts, nn, group);
+      cur = nxt;
+      w += gridDim.x;
+      kt = 0;
+    }
+  } else {
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<kTallConsumerRegs>();
+    const int c = wg - 1;
+    const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31);
+    // Loop invariants pinned (as consume_item): descriptor low words and the barrier base.
+    // The extra rows' A (tile row 128) and this warpgroup's B half are fixed offsets from them.
+    const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128));
+    const uint32_t db0 = pin_u32(smem_desc_sw128_lo(sB));
+    const uint32_t fb = pin_u32(full0);
+    const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
+    uint32_t it = 0;
+    const int n_items = int(items);  // < 2^31 (the launcher's bound); 32-bit keeps a register free
+    for (int w = int(blockIdx.x); w < n_items; w += int(gridDim.x)) {
+      float acc[128], acc2[64];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc2[i] = 0.0f;
+      // This thread's rows' weights: 64c + 16 warp + lane / 4 (+ 8) against all 256 columns (h = 0,
+      // 1), and 128 + 16 warp + lane / 4 (+ 8) against columns [128c, +128) (h = 2, 3). Rows outside
+      // the expert's segment weigh 0 (and the reducers skip them).
+      float pw[4];
+      for (int kt = 0; kt < num_k; ++kt, ++it) {
+        const uint32_t s = it % kStages;
+        mbar_wait(fb + 8 * s, (it / kStages) & 1u);
+        if (kt == 0) {
+          const int2 slot_v = item_slots[s];
+          const int64_t m0 = int64_t(slot_v.x) * 64;
+          const int rows = (slot_v.y >> kTallRowsShift) * 64;
+#pragma unroll
+          for (int h = 0; h < 4; ++h) {
+            const int r = (h < 2 ? 64 * c : 128) + 16 * warp + (lane >> 2) + 8 * (h & 1);
+            pw[h] = r < rows ? pair_weight[m0 + r] : 0.0f;
+          }
+        }
+        const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
+        const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
+          WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
+        }
+        wgmma_commit();
+        if (kt > 0) {
+          wgmma_wait<1>();  // the previous stage's group is done: release it, unless it stages
+          if (kt - 1 < num_k - 2) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+        }
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc2[i])::"memory");
+
+      // ---------------- epilogue: weighted bf16 into the item's last two stages ----------------
+      // Warpgroup c stages its 64 x 256 rows and 64 x 128 extra rows in the ring slot of k step
+      // num_k - 2 + c, once both warpgroups' wgmmas have read both slots; the reducers drain it
+      // and release the slot to the producer, while this item's successor runs its main loop.
+      named_barrier_sync(kTallEpiBarrier, 256);
+      const uint32_t slot = (it - 2 + uint32_t(c)) % kStages;
+      pack_store_half(tall_chunk(sA, sB, slot, 0), acc, 0, pw[0], pw[1], warp, lane);
+      pack_store_half(tall_chunk(sA, sB, slot, 1), acc, 1, pw[0], pw[1], warp, lane);
+      pack_store_half(tall_chunk(sA, sB, slot, 2), acc2, 0, pw[2], pw[3], warp, lane);
+      fence_proxy_async_shared();  // generic writes before the TMA's rewrite of the slot
+      mbar_arrive(staged0 + 8 * c);
+    }
+    grid_launch_dependents();
+  }
+#else
+  (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
+      (void)group_tiles;
+#endif
+}
+
+}  // namespace sm90
+
+bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
+  using namespace sm90;
+  if (sm90_down_rows() != kTallRows || p.ffn / kBK < 3) return false;  // staging needs >= 3 k steps per item
+  const size_t smem = tall_down_smem_bytes(p.experts);
+  if (smem > kMaxDynSmemBytes - kTallStaticSmemReserve) return false;
+  const int nn = (p.hidden + kBN - 1) / kBN;
+  // Items: at most ceil(P_e / 192) tiles per expert, sum <= capacity / 192 + E.
+  const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;
+  const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kTallRows);
+  const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
+  sm90_launch(sm90_down_tall_kernel, /*cluster=*/false, pdl, tiles * nn, smem, s, "sm90_down_tall_launch", tm_act,
+              tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts, p.hidden, p.ffn,
+              sm90_group_tiles());
+  return true;
+}
+
+}  // namespace epmoe::kernels
