@@ -33,27 +33,15 @@
 #include "kernels/sm90_down_staging.cuh"
 #include "kernels/sm90_experts.cuh"
 #include "kernels/sm90_launch_config.cuh"
-#include "kernels/sm90_schedule.cuh"
+#include "kernels/sm90_tall_schedule.cuh"
 #include "kernels/sm90_tensor_maps.cuh"
 #include "kernels/sm90_wgmma_n.cuh"
 
 namespace epmoe::kernels {
 namespace sm90 {
 
-inline constexpr int kTallRows = 192;  // = tall_tile_count / tall_tile_rows' tile (sm90_schedule.cuh)
-inline constexpr uint32_t kTallATileBytes = kTallRows * kBK * 2;  // 24 KB
-inline constexpr uint32_t kTallStageBytes = kTallATileBytes + kBTileBytes;
-inline constexpr uint32_t kTallProducerRegs = 40, kTallConsumerRegs = 232;
-static_assert(setmaxnreg_split_fits(kTallProducerRegs, kTallConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
-static_assert(kTallATileBytes % 1024 == 0, "the B stages after the A stages must keep 1024 B alignment");
 // Static shared memory (barriers, item slots, the reducers' row table) the opt-in limit also covers.
 inline constexpr size_t kTallStaticSmemReserve = 1024;
-// Dynamic shared memory: alignment slack, the ring, then the schedule (item_off and seg64, E + 1 each).
-inline size_t tall_down_smem_bytes(int experts) {
-  return 1024 + size_t(kStages) * kTallStageBytes + (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
-}
-// Item hand-off slot: {first row / 64, column block | (rows in the segment / 64) << 28}.
-inline constexpr int kTallRowsShift = 28;
 // Staging in the ring: warpgroup c's output of an item goes into the slot of the item's k step
 // num_k - 2 + c (56 KB): its 64 rows' two 128-column halves and its 64 x 128 extra rows as three
 // 16 KB halves (stmatrix layout, sm90_down_staging.cuh), the first in the A part, two in the B part.
@@ -66,63 +54,8 @@ static_assert(kTallATileBytes >= kStageHalfBytes && kBTileBytes == 2 * kStageHal
               "the staged halves fit a ring slot");
 
 #if EPMOE_SM90A_DEVICE
-struct TallItem {
-  bool valid;
-  int64_t m0;  // first row of the tile
-  int nb;      // column block
-  int e;       // expert
-  int rows;    // rows of the tile inside the expert's segment: 64, 128 or 192
-};
-// Warp 0 fills item_off[0..E] (exclusive prefix of the experts' items) and seg64[0..E] (segment
-// starts / 64), then a CTA barrier. Reads padded_offsets and pair_row (layout outputs, complete
-// before the UP grid started: safe before griddepcontrol.wait).
-__device__ __forceinline__ void build_tall_schedule(const int64_t* __restrict__ padded_offsets,
-                                                    const int32_t* __restrict__ pair_row, int experts, int nn,
-                                                    int32_t* item_off, int32_t* seg64) {
-  if (threadIdx.x < 32) {
-    const int lane = int(threadIdx.x);
-    int32_t carry = 0;
-    for (int base = 0; base < experts; base += 32) {
-      const int e = base + lane;
-      int32_t n = 0;
-      if (e < experts) {
-        const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
-        const int t0 = int((p + kTallRows - 1) / kTallRows);
-        const int t = tall_tile_count(p, t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0);
-        seg64[e] = int32_t(seg / 64);
-        n = t * nn;
-      }
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scan
-        const int32_t v = __shfl_up_sync(0xffffffffu, n, d);
-        if (lane >= d) n += v;
-      }
-      if (e < experts) item_off[e + 1] = carry + n;
-      carry += __shfl_sync(0xffffffffu, n, 31);
-    }
-    if (lane == 0) {
-      item_off[0] = 0;
-      seg64[experts] = int32_t(padded_offsets[experts] / 64);
-    }
-  }
-  __syncthreads();
-}
 __device__ __forceinline__ uint32_t tall_chunk(uint32_t sA, uint32_t sB, uint32_t slot, int chunk) {
   return chunk == 0 ? sA + slot * kTallATileBytes : sB + slot * kBTileBytes + uint32_t(chunk - 1) * kStageHalfBytes;
-}
-__device__ __forceinline__ TallItem tall_item(int64_t w, const int32_t* item_off, const int32_t* seg64, int experts,
-                                              int nn, int group) {
-  TallItem t{};
-  t.valid = w < item_off[experts];
-  if (!t.valid) return t;
-  t.e = expert_of_item(item_off, experts, int(w));
-  const int tiles = (item_off[t.e + 1] - item_off[t.e]) / nn;
-  const ScheduledItem s = expert_item(int(w) - item_off[t.e], 0, tiles, nn, group, false, 0u);
-  const int64_t seg = int64_t(seg64[t.e]) * 64;
-  t.m0 = seg + int64_t(kTallRows) * s.tile;
-  t.nb = s.nb;
-  t.rows = tall_tile_rows(int64_t(seg64[t.e + 1]) * 64 - seg, s.tile);
-  return t;
 }
 #endif
 
@@ -201,9 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x != 0) return;
     tma_prefetch_desc(&tm_act);
     tma_prefetch_desc(&tm_w2);
-    auto publish = [&](uint32_t s, const TallItem& t) {
-      item_slots[s] = make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift));
-    };
+    auto publish = [&](uint32_t s, const TallItem& t) { item_slots[s] = tall_slot(t); };
     int64_t w = blockIdx.x;
     TallItem cur = tall_item(w, item_off, seg64, experts, nn, group);
     const int npre = num_k < kStages ? num_k : kStages;
@@ -319,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   using namespace sm90;
   if (sm90_down_rows() != kTallRows || p.ffn / kBK < 3) return false;  // staging needs >= 3 k steps per item
-  const size_t smem = tall_down_smem_bytes(p.experts);
+  const size_t smem = tall_smem_bytes(p.experts);
   if (smem > kMaxDynSmemBytes - kTallStaticSmemReserve) return false;
   const int nn = (p.hidden + kBN - 1) / kBN;
   // Items: at most ceil(P_e / 192) tiles per expert, sum <= capacity / 192 + E.

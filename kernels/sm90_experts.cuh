@@ -29,7 +29,8 @@
 //   EPMOE_SM90_UP_SHARE_A=auto|on|off  the gathering UP as pairs sharing the A tile (see below)
 //   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles (the
 //                            default), or swap-AB on token-granular tiles (below)
-//   EPMOE_SM90_DOWN_ROWS=128|192  DOWN's tile height: 192 = the opt-in sm90_down_tall_kernel.cu (below)
+//   EPMOE_SM90_UP_ROWS=128|192, EPMOE_SM90_DOWN_ROWS=128|192  tile heights: 192 = the opt-in
+//                            sm90_up_tall_kernel.cu (UP from xs) / sm90_down_tall_kernel.cu (below)
 //   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
@@ -154,6 +155,13 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // returns false (nothing queued): no expert_counts / work_counters, or clusters asked for
 // (EPMOE_SM90_CLUSTER=1 or 2). Items run in the 128-row kernels' order, as the granular UP's.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
+// UP's tile height: EPMOE_SM90_UP_ROWS = 128 (the default) | 192 (sm90_up_tall_kernel.cu: the 192 x 256
+// tile, W1 through the interleaved map, act stored from registers; UP from xs only). Read at each call.
+int sm90_up_rows();
+// Launches the 192-row UP kernel and returns true, or returns false (nothing queued) when
+// sm90_up_rows() is 128, x is set (the gathering forms), the driver rejects the interleaved W1 map,
+// or the schedule does not fit beside the 4 x 56 KB ring.
+bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
 // tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert). Read at each call.
 int sm90_down_rows();

@@ -69,6 +69,19 @@ bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, in
   return encode_raw(map, w1, 4, dims, strides, box, "w1 folded map") == CUDA_SUCCESS;
 }
 
+bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
+  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
+              "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  // Element (k, r, 2e + p, b) is w1[e][p*ffn + 64b + r][k]; as the folded map, (e, p) fold into one
+  // dimension of stride ffn rows. The box {64, 64, 2, 2} walks r, then p, then b: 64 gate rows, their
+  // 64 up partners, the next 64 gate rows, theirs.
+  const cuuint64_t dims[4] = {H, 64, 2 * cuuint64_t(experts), F / 64};
+  const cuuint64_t strides[3] = {H * 2, F * H * 2, 64 * H * 2};  // row, parity/expert, 64-row block
+  const cuuint32_t box[4] = {64, 64, 2, 2};
+  return encode_raw(map, w1, 4, dims, strides, box, "w1 interleaved map") == CUDA_SUCCESS;
+}
+
 CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
   CUtensorMap map;
   EPMOE_CHECK(try_make_w1_folded_map(w1, experts, hidden, ffn, &map), ErrorCode::cuda_error,

@@ -19,6 +19,13 @@ CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden,
 // Same, but returns false instead of throwing when the driver rejects the folded strides.
 bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map);
 
+// W1 folded and interleaved for the 192-row UP (sm90_up_tall_kernel.cu): rank 4, dims {hidden, 64, 2E,
+// ffn/64}, byte strides {hidden*2, ffn*hidden*2, 64*hidden*2}, box {64, 64, 2, 2}; coordinate
+// {k0, 0, 2e, 2j}. It lands in smem as gate rows [128j, +64), their up partners, gate rows
+// [128j + 64, +64), theirs: any 128-row half of the tile holds 64 gate rows with their up partners.
+// Returns false when the driver rejects the folded strides.
+bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map);
+
 // Fallback for W1 when the folded map is not available: rank 3 {hidden, 2*ffn, E}, box {64, 128, 1};
 // the gate half comes from coordinate {k0, 128j, e} and the up half from {k0, ffn + 128j, e} (two
 // loads per stage, same smem layout as the folded box).

@@ -1,0 +1,87 @@
+// The 192-row kernels' schedule (sm90_down_tall_kernel.cu, sm90_up_tall_kernel.cu): tile sizes, the
+// per-expert tall tiles over the unchanged 128-padded layout (tall_tile_count / tall_tile_rows in
+// sm90_schedule.cuh), the shared-memory schedule and the by-expert item decode.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/sm90_common.cuh"
+#include "kernels/sm90_schedule.cuh"
+
+namespace epmoe::kernels::sm90 {
+
+inline constexpr int kTallRows = 192;  // = tall_tile_count / tall_tile_rows' tile (sm90_schedule.cuh)
+inline constexpr uint32_t kTallATileBytes = kTallRows * kBK * 2;  // 24 KB
+inline constexpr uint32_t kTallStageBytes = kTallATileBytes + kBTileBytes;
+inline constexpr uint32_t kTallProducerRegs = 40, kTallConsumerRegs = 232;
+static_assert(setmaxnreg_split_fits(kTallProducerRegs, kTallConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
+static_assert(kTallATileBytes % 1024 == 0, "the B stages after the A stages must keep 1024 B alignment");
+// Dynamic shared memory: alignment slack, the ring, then the schedule (item_off and seg64, E + 1 each).
+inline size_t tall_smem_bytes(int experts) {
+  return 1024 + size_t(kStages) * kTallStageBytes + (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
+}
+// Item hand-off slot (producer -> consumers, per stage): {first row / 64, column block | (rows in the
+// segment / 64) << 28}.
+inline constexpr int kTallRowsShift = 28;
+#if EPMOE_SM90A_DEVICE
+struct TallItem {
+  bool valid;
+  int64_t m0;  // first row of the tile
+  int nb;      // column block
+  int e;       // expert
+  int rows;    // rows of the tile inside the expert's segment: 64, 128 or 192
+};
+// Warp 0 fills item_off[0..E] (exclusive prefix of the experts' items) and seg64[0..E] (segment
+// starts / 64), then a CTA barrier. Reads padded_offsets and pair_row (layout outputs, complete
+// before the UP grid started: safe before griddepcontrol.wait).
+__device__ __forceinline__ void build_tall_schedule(const int64_t* __restrict__ padded_offsets,
+                                                    const int32_t* __restrict__ pair_row, int experts, int nn,
+                                                    int32_t* item_off, int32_t* seg64) {
+  if (threadIdx.x < 32) {
+    const int lane = int(threadIdx.x);
+    int32_t carry = 0;
+    for (int base = 0; base < experts; base += 32) {
+      const int e = base + lane;
+      int32_t n = 0;
+      if (e < experts) {
+        const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
+        const int t0 = int((p + kTallRows - 1) / kTallRows);
+        const int t = tall_tile_count(p, t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0);
+        seg64[e] = int32_t(seg / 64);
+        n = t * nn;
+      }
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scan
+        const int32_t v = __shfl_up_sync(0xffffffffu, n, d);
+        if (lane >= d) n += v;
+      }
+      if (e < experts) item_off[e + 1] = carry + n;
+      carry += __shfl_sync(0xffffffffu, n, 31);
+    }
+    if (lane == 0) {
+      item_off[0] = 0;
+      seg64[experts] = int32_t(padded_offsets[experts] / 64);
+    }
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ TallItem tall_item(int64_t w, const int32_t* item_off, const int32_t* seg64, int experts,
+                                              int nn, int group) {
+  TallItem t{};
+  t.valid = w < item_off[experts];
+  if (!t.valid) return t;
+  t.e = expert_of_item(item_off, experts, int(w));
+  const int tiles = (item_off[t.e + 1] - item_off[t.e]) / nn;
+  const ScheduledItem s = expert_item(int(w) - item_off[t.e], 0, tiles, nn, group, false, 0u);
+  const int64_t seg = int64_t(seg64[t.e]) * 64;
+  t.m0 = seg + int64_t(kTallRows) * s.tile;
+  t.nb = s.nb;
+  t.rows = tall_tile_rows(int64_t(seg64[t.e + 1]) * 64 - seg, s.tile);
+  return t;
+}
+__device__ __forceinline__ int2 tall_slot(const TallItem& t) {
+  return make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift));
+}
+#endif
+
+}  // namespace epmoe::kernels::sm90

@@ -1,0 +1,200 @@
+// UP projection + SwiGLU on 192-row tiles (EPMOE_SM90_UP_ROWS=192, opt-in; UP from xs only): the
+// contract of sm90_up_kernel.cu (xs, w1 -> act = bf16(silu(gate) * up)), with taller items.
+//
+// Why: a 192 x 256 tile runs the mainloop 6-7% (L2-resident) to 10-12% (weights from DRAM) cheaper per
+// MAC at the 700 W cap than the 128 x 256 one (docs/PERF.md, session 27). In DOWN the tall tile did
+// not pay: its epilogue (a 256-column row of reductions per row) has no room beside 192 accumulators.
+// UP's is smaller (128 activation columns per row after SwiGLU, plain stores) and its items at
+// hidden 7168 are 112 k steps long, so here it is stored from registers (the "direct" form).
+//
+// The tile: warpgroup c runs rows [64c, 64c + 64) against the whole 256-row W1 box (m64n256) and the
+// tile's rows [128, 192) against its half [128c, 128c + 128) of the box (m64n128). For the second to
+// hold gate/up partners, W1 comes through the interleaved map (try_make_w1_interleaved_map): the box
+// is gate rows [128j, +64), their up partners, gate rows [128j + 64, +64), theirs. So in the m64n256
+// fragment, column group g < 8 is gate with its up partner at g + 8 (act columns [0, 64)) and
+// 16 <= g < 24 likewise (act columns [64, 128)); in the m64n128 fragment of warpgroup c, g < 8 is gate
+// with its partner at g + 8 (act columns [64c, 64c + 64)).
+//
+// Tiles, schedule, ring and registers as in sm90_down_tall_kernel.cu (sm90_tall_schedule.cuh): each
+// segment runs as ceil(real / 192) tiles; rows of a tile past its segment are computed and never
+// stored, and a segment's rows past its last tall tile (padding only) are never written - DOWN masks
+// padding rows by pair_row, so their act is never reduced. By expert, single CTAs, persistent; the
+// producer warp decodes each item (lane 0 issues TMA) and zeroes its share of out (zero_out) as the
+// 128-row UP does. PDL dependents are released as the CTA starts, as there.
+#include "kernels/cuda_check.cuh"
+#include "kernels/sm90_common.cuh"
+#include "kernels/sm90_experts.cuh"
+#include "kernels/sm90_launch_config.cuh"
+#include "kernels/sm90_tall_schedule.cuh"
+#include "kernels/sm90_tensor_maps.cuh"
+#include "kernels/sm90_wgmma_n.cuh"
+#include "kernels/sm90_work_items.cuh"
+#include "kernels/sm90_zero_out.cuh"
+
+namespace epmoe::kernels {
+namespace sm90 {
+
+#if EPMOE_SM90A_DEVICE
+// SwiGLU of 32 gate values and their 32 up partners (one 64-column half of act for this thread's two
+// rows), stored from registers: lane q of a quad gets 16 contiguous bytes per 32-column block by a
+// quad transpose. Rows at or past `rows` (outside the segment) are not stored. All lanes must call.
+__device__ __forceinline__ void store_act_half(__nv_bfloat16* __restrict__ act, const float* gate, const float* up,
+                                               bool tanh_form, int64_t m0, int r0, int rows, int ffn, int col0, int q) {
+  uint32_t words[16];
+  swiglu_words(words, gate, up, tanh_form);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // rows r0 and r0 + 8
+    const int r = r0 + 8 * h;
+    __nv_bfloat16* dst = act + (m0 + r) * int64_t(ffn) + col0 + 8 * q;
+#pragma unroll
+    for (int gi = 0; gi < 2; ++gi) {  // 8-column groups 4gi .. 4gi+3 of the half's 8
+      uint32_t wd[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t) wd[t] = words[2 * (4 * gi + t) + h];
+      quad_transpose(wd, q);  // lane q: all 8 columns of group 4gi + q
+      if (r < rows) st_global_16(dst + 32 * gi, wd);
+    }
+  }
+}
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1)
+    sm90_up_tall_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
+                        const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
+                        __nv_bfloat16* __restrict__ act, int experts, int hidden, int ffn, int group_tiles,
+                        __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks, int silu_tanh_form) {
+#if EPMOE_SM90A_DEVICE
+  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  __shared__ int2 item_slots[kStages];
+  extern __shared__ uint8_t dyn_smem[];
+  uint8_t* ring = align_1024(dyn_smem);
+  int32_t* item_off = reinterpret_cast<int32_t*>(ring + size_t(kStages) * kTallStageBytes);
+  int32_t* seg64 = item_off + experts + 1;
+  const int nn = ffn / 128, num_k = hidden / kBK;
+  const int group = group_tiles < 1 ? 1 : group_tiles;
+  const uint32_t sA = smem_u32(ring), sB = sA + kStages * kTallATileBytes;
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(full0 + 8 * s, 1);
+      mbar_init(empty0 + 8 * s, kConsumerThreads);
+    }
+    mbar_fence_init();
+  }
+  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64);  // (ends in a CTA barrier)
+  const int64_t items = item_off[experts];
+  ZeroPlan zero = make_zero_plan<false>(zero_out, zero_chunks, items);
+  if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
+    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
+    return;
+  }
+  grid_launch_dependents();  // as in sm90_up_kernel: DOWN waits for this whole grid before reading act
+  const int wg = int(threadIdx.x / 128);
+
+  if (wg == 0) {
+    // ---------------- producer: warp 0 decodes (every lane), lane 0 issues ----------------
+    setmaxnreg_dec<kTallProducerRegs>();
+    if (threadIdx.x >= 32) return;
+    const int lane = int(threadIdx.x);
+    if (lane == 0) {
+      tma_prefetch_desc(&tm_xs);
+      tma_prefetch_desc(&tm_w1);
+      grid_dependency_wait();  // xs comes from the previous kernel (no-op unless PDL-launched)
+    }
+    uint32_t it = 0;
+    for (int64_t w = blockIdx.x;; w += gridDim.x) {
+      const TallItem t = tall_item(w, item_off, seg64, experts, nn, group);
+      if (!t.valid) break;
+      zero_step(zero, zero.per_item, lane, 32);
+      if (lane == 0) {
+        for (int kt = 0; kt < num_k; ++kt, ++it) {
+          const uint32_t s = it % kStages, full = full0 + 8 * s;
+          if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+          if (kt == 0) item_slots[s] = tall_slot(t);
+          mbar_arrive_expect_tx(full, kTallStageBytes);
+          tma_load_2d(sA + s * kTallATileBytes, &tm_xs, full, kt * kBK, int(t.m0));
+          tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * t.e, 2 * t.nb);
+        }
+      }
+      __syncwarp();
+    }
+    zero_step(zero, zero.end - zero.next, lane, 32);  // (the share's rounding remainder)
+  } else {
+    // ---------------- consumers ----------------
+    setmaxnreg_inc<kTallConsumerRegs>();
+    const int c = wg - 1;
+    const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31), q = lane & 3;
+    const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128));
+    const uint32_t db0 = pin_u32(smem_desc_sw128_lo(sB));
+    const uint32_t fb = pin_u32(full0);
+    const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
+    const bool tanh_form = silu_tanh_form != 0;
+    uint32_t it = 0;
+    const int n_items = int(items);  // < 2^31 (the launcher's bound)
+    for (int w = int(blockIdx.x); w < n_items; w += int(gridDim.x)) {
+      float acc[128], acc2[64];
+#pragma unroll
+      for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc2[i] = 0.0f;
+      int2 slot_v = make_int2(0, 0);
+      for (int kt = 0; kt < num_k; ++kt, ++it) {
+        const uint32_t s = it % kStages;
+        mbar_wait(fb + 8 * s, (it / kStages) & 1u);
+        if (kt == 0) slot_v = item_slots[s];
+        const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
+        const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kBK / 16; ++kk) {
+          wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
+          WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
+        }
+        wgmma_commit();
+        if (kt > 0) {
+          wgmma_wait<1>();  // the previous stage's group is done: release it
+          mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+        }
+      }
+      wgmma_wait<0>();
+      fence_regs(acc);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc2[i])::"memory");
+      mbar_arrive(empty0 + 8 * ((it - 1) % kStages));  // the item's last stage
+
+      // ---------------- epilogue: SwiGLU, 16-byte stores of act (rows inside the segment) ----------------
+      const int64_t m0 = int64_t(slot_v.x) * 64;
+      const int rows = (slot_v.y >> kTallRowsShift) * 64, col = (slot_v.y & ((1 << kTallRowsShift) - 1)) * 128;
+      const int r0 = 16 * warp + (lane >> 2);
+      store_act_half(act, acc, acc + 32, tanh_form, m0, 64 * c + r0, rows, ffn, col, q);            // act [0, 64)
+      store_act_half(act, acc + 64, acc + 96, tanh_form, m0, 64 * c + r0, rows, ffn, col + 64, q);  // [64, 128)
+      store_act_half(act, acc2, acc2 + 32, tanh_form, m0, 128 + r0, rows, ffn, col + 64 * c, q);    // extra rows
+    }
+  }
+#else
+  (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
+      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form;
+#endif
+}
+
+}  // namespace sm90
+
+bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
+  using namespace sm90;
+  // UP from xs only: the gathering forms' producers need more than the 40 registers left here.
+  if (sm90_up_rows() != kTallRows || p.x != nullptr) return false;
+  const size_t smem = tall_smem_bytes(p.experts);
+  if (smem > kMaxDynSmemBytes - kStaticSmemReserve) return false;
+  CUtensorMap tm_w1;
+  if (!try_make_w1_interleaved_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1)) return false;
+  const CUtensorMap tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kTallRows);
+  const int nn = p.ffn / 128;
+  const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;  // >= the sum of ceil(P_e / 192)
+  sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/false, tiles * nn, smem, s, "sm90_up_tall_launch", tm_xs,
+              tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
+              p.zero_out ? p.out : nullptr, p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
+              sm90_up_silu_tanh() ? 1 : 0);
+  return true;
+}
+
+}  // namespace epmoe::kernels
