@@ -49,7 +49,8 @@ namespace epmoe::kernels {
 bool sm90_experts_supported(int device);
 
 // Whether the UP kernel should gather its rows itself (ExpertProblem::x) instead of reading xs
-// written by gather_rows: true unless EPMOE_SM90_GATHER=separate (read at each call).
+// written by gather_rows: true unless EPMOE_SM90_GATHER=separate or EPMOE_SM90_UP_ROWS=192 (the
+// 192-row UP reads xs) (read at each call).
 bool sm90_fused_gather_enabled();
 
 // 2-CTA thread-block clusters that multicast the weight tile into two row tiles of one expert

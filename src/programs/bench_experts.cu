@@ -373,10 +373,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
 
   std::vector<cudaGraphExec_t> full_g, sep_g, seed_g, serial_g;
   for (int i = 0; i < sets; ++i) {
-    full_g.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
+    full_g.push_back(capture([&] { enqueue_full(i, /*fused=*/epmoe::kernels::sm90_fused_gather_enabled()); }));
     sep_g.push_back(capture([&] { enqueue_full(i, /*fused=*/false); }));
     seed_g.push_back(capture([&] { epmoe::kernels::sm90_experts_launch(problem(i), s); }));
-    serial_g.push_back(capture([&] { enqueue_full(i, /*fused=*/true, /*serial_zero=*/true); }));
+    serial_g.push_back(capture([&] { enqueue_full(i, /*fused=*/epmoe::kernels::sm90_fused_gather_enabled(), /*serial_zero=*/true); }));
   }
   const bool table = !(opt.ab_only && !opt.ab_var.empty());
   if (table) {
@@ -409,7 +409,8 @@ Result run_shape(const Shape& sh, const Options& opt) {
     const auto capture_with = [&](const std::string& value, std::vector<cudaGraphExec_t>& gs) {
       std::vector<std::unique_ptr<ScopedEnv>> env;
       for (const std::string& v : ab_vars(opt.ab_var)) env.push_back(std::make_unique<ScopedEnv>(v, value));
-      for (int i = 0; i < sets; ++i) gs.push_back(capture([&] { enqueue_full(i, /*fused=*/true); }));
+      for (int i = 0; i < sets; ++i)
+        gs.push_back(capture([&] { enqueue_full(i, /*fused=*/epmoe::kernels::sm90_fused_gather_enabled()); }));
     };
     capture_with(opt.ab_a, ga);
     capture_with(opt.ab_b, gb);
@@ -659,7 +660,7 @@ int main(int argc, char** argv) {
     std::printf("# epmoe sm_90a split pipeline on %s (%d SMs), %d iters, median, after >= %.0f ms of warm-up replays; "
                 "zeroing joined before %s\n",
                 prop.name, prop.multiProcessorCount, opt.iters, opt.warmup_ms, opt.zero_before_down ? "DOWN" : "UP");
-    std::printf("# full: UP gathers its rows (default); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
+    std::printf("# full: as the engine runs it (UP gathers its rows unless EPMOE_SM90_GATHER=separate or EPMOE_SM90_UP_ROWS=192); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
                 "UP-from-xs, -1 auto: 1 at hidden >= 4096 with >= 1024 capacity rows per expert), EPMOE_SM90_GROUP=%d "
                 "row tiles per scheduling group, EPMOE_SM90_ORDER=%s (hidden 2048: %s, 7168: %s)\n",
