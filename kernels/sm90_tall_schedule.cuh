@@ -7,6 +7,7 @@
 
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_schedule.cuh"
+#include "kernels/sm90_work_items.cuh"
 
 namespace epmoe::kernels::sm90 {
 
@@ -38,30 +39,13 @@ __device__ __forceinline__ void build_tall_schedule(const int64_t* __restrict__ 
                                                     const int32_t* __restrict__ pair_row, int experts, int nn,
                                                     int32_t* item_off, int32_t* seg64) {
   if (threadIdx.x < 32) {
-    const int lane = int(threadIdx.x);
-    int32_t carry = 0;
-    for (int base = 0; base < experts; base += 32) {
-      const int e = base + lane;
-      int32_t n = 0;
-      if (e < experts) {
-        const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
-        const int t0 = int((p + kTallRows - 1) / kTallRows);
-        const int t = tall_tile_count(p, t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0);
-        seg64[e] = int32_t(seg / 64);
-        n = t * nn;
-      }
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scan
-        const int32_t v = __shfl_up_sync(0xffffffffu, n, d);
-        if (lane >= d) n += v;
-      }
-      if (e < experts) item_off[e + 1] = carry + n;
-      carry += __shfl_sync(0xffffffffu, n, 31);
-    }
-    if (lane == 0) {
-      item_off[0] = 0;
-      seg64[experts] = int32_t(padded_offsets[experts] / 64);
-    }
+    warp_item_prefix(experts, item_off, [&](int e) {
+      const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
+      const int t0 = int((p + kTallRows - 1) / kTallRows);
+      seg64[e] = int32_t(seg / 64);
+      return int32_t(tall_tile_count(p, t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0) * nn);
+    });
+    if (threadIdx.x == 0) seg64[experts] = int32_t(padded_offsets[experts] / 64);
   }
   __syncthreads();
 }

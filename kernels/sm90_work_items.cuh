@@ -70,34 +70,38 @@ inline constexpr size_t expert_schedule_smem_bytes(int experts) {
 }
 
 #if EPMOE_SM90A_DEVICE
+// Warp 0 (all its lanes call): item_off[0..E] = the exclusive prefix over the experts of items(e),
+// which lane e % 32 evaluates once per expert (and may write per-expert schedule entries in). Item
+// counts fit in int32 (the launchers bound them). The caller ends with a CTA barrier.
+template <class Items>
+__device__ __forceinline__ void warp_item_prefix(int experts, int32_t* item_off, Items items) {
+  const int lane = int(threadIdx.x & 31);
+  int32_t carry = 0;
+  for (int base = 0; base < experts; base += 32) {
+    const int e = base + lane;
+    int32_t n = e < experts ? items(e) : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scan
+      const int32_t v = __shfl_up_sync(0xffffffffu, n, d);
+      if (lane >= d) n += v;
+    }
+    if (e < experts) item_off[e + 1] = carry + n;
+    carry += __shfl_sync(0xffffffffu, n, 31);
+  }
+  if (lane == 0) item_off[0] = 0;
+}
 // All threads: warp 0 fills item_off[0..E] (exclusive prefix of expert_items) and tile_first[0..E]
-// from padded_offsets, then a CTA barrier. Item counts fit in int32 (the launcher bounds them).
+// from padded_offsets, then a CTA barrier.
 template <bool kCluster>
 __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict__ padded_offsets, int experts, int nn,
                                                       int32_t* item_off, int32_t* tile_first) {
   if (threadIdx.x < 32) {
-    const int lane = int(threadIdx.x);
-    int32_t carry = 0;
-    for (int base = 0; base < experts; base += 32) {
-      const int e = base + lane;
-      int32_t n = 0;
-      if (e < experts) {
-        const int t0 = int(padded_offsets[e] / kBM), t1 = int(padded_offsets[e + 1] / kBM);
-        tile_first[e] = t0;
-        n = expert_items(t1 - t0, nn, kCluster);
-      }
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scan
-        const int32_t v = __shfl_up_sync(0xffffffffu, n, d);
-        if (lane >= d) n += v;
-      }
-      if (e < experts) item_off[e + 1] = carry + n;
-      carry += __shfl_sync(0xffffffffu, n, 31);
-    }
-    if (lane == 0) {
-      item_off[0] = 0;
-      tile_first[experts] = int32_t(padded_offsets[experts] / kBM);
-    }
+    warp_item_prefix(experts, item_off, [&](int e) {
+      const int t0 = int(padded_offsets[e] / kBM), t1 = int(padded_offsets[e + 1] / kBM);
+      tile_first[e] = t0;
+      return int32_t(expert_items(t1 - t0, nn, kCluster));
+    });
+    if (threadIdx.x == 0) tile_first[experts] = int32_t(padded_offsets[experts] / kBM);
   }
   __syncthreads();
 }
