@@ -20,9 +20,7 @@ namespace epmoe::kernels::sm90 {
 // reducers get about half an item for each half - storing it at step 2 often waited on drained
 // (PERF session 10).
 // The 32 packed words of one half (8 column-group pairs x {rows 0-7, 8-15} x 2 groups), weighted.
-template <int N>
-__device__ __forceinline__ void pack_half(uint32_t (&v)[32], const float (&acc)[N], int half, float w0, float w1) {
-  static_assert(N == 64 || N == 128, "an m64n128 or m64n256 fragment");
+__device__ __forceinline__ void pack_half(uint32_t (&v)[32], const float (&acc)[128], int half, float w0, float w1) {
 #pragma unroll
   for (int gp = 0; gp < 8; ++gp) {  // column-group pairs (g, g + 1) of this half
     const int g = 16 * half + 2 * gp;
