@@ -137,6 +137,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int2 item_slots[kStages];
   __shared__ int32_t tile_rows[kTallRows];             // the reducers' out row of each tile row (-1: none)
   extern __shared__ uint8_t dyn_smem[];
+  // (align_1024 computes the same, but ptxas then spills 4 bytes in this kernel under 232 / 40 registers)
   uint8_t* ring = dyn_smem + ((1024u - (smem_u32(dyn_smem) & 1023u)) & 1023u);
   int32_t* item_off = reinterpret_cast<int32_t*>(ring + size_t(kStages) * kTallStageBytes);
   int32_t* seg64 = item_off + experts + 1;
