@@ -49,8 +49,7 @@ namespace epmoe::kernels {
 bool sm90_experts_supported(int device);
 
 // Whether the UP kernel should gather its rows itself (ExpertProblem::x) instead of reading xs
-// written by gather_rows: true unless EPMOE_SM90_GATHER=separate or EPMOE_SM90_UP_ROWS=192 (the
-// 192-row UP reads xs) (read at each call).
+// written by gather_rows: true unless EPMOE_SM90_GATHER=separate (read at each call).
 bool sm90_fused_gather_enabled();
 
 // 2-CTA thread-block clusters that multicast the weight tile into two row tiles of one expert
@@ -157,10 +156,11 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // (EPMOE_SM90_CLUSTER=1 or 2). Items run in the 128-row kernels' order, as the granular UP's.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
 // UP's tile height: EPMOE_SM90_UP_ROWS = 128 (the default) | 192 (sm90_up_tall_kernel.cu: the 192 x 256
-// tile, W1 through the interleaved map, act stored from registers; UP from xs only). Read at each call.
+// tile, W1 through the interleaved map, act stored from registers; A rows gathered from x or read
+// from xs). Read at each call.
 int sm90_up_rows();
 // Launches the 192-row UP kernel and returns true, or returns false (nothing queued) when
-// sm90_up_rows() is 128, x is set (the gathering forms), the driver rejects the interleaved W1 map,
+// sm90_up_rows() is 128, the driver rejects the interleaved W1 map,
 // or the schedule does not fit beside the 4 x 56 KB ring.
 bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256

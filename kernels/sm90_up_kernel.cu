@@ -611,8 +611,7 @@ bool sm90_experts_supported(int device) {
 
 bool sm90_fused_gather_enabled() {
   const char* env = std::getenv("EPMOE_SM90_GATHER");
-  // The 192-row UP reads xs (its producer has no registers for a gather): gather_rows runs first.
-  return (env == nullptr || std::strcmp(env, "separate") != 0) && sm90_up_rows() != 192;
+  return env == nullptr || std::strcmp(env, "separate") != 0;
 }
 
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {

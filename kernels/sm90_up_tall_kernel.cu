@@ -1,4 +1,4 @@
-// UP projection + SwiGLU on 192-row tiles (EPMOE_SM90_UP_ROWS=192, opt-in; UP from xs only): the
+// UP projection + SwiGLU on 192-row tiles (EPMOE_SM90_UP_ROWS=192, opt-in): the
 // contract of sm90_up_kernel.cu (xs, w1 -> act = bf16(silu(gate) * up)), with taller items.
 //
 // Why: a 192 x 256 tile runs the mainloop 6-7% (L2-resident) to 10-12% (weights from DRAM) cheaper per
@@ -15,12 +15,18 @@
 // 16 <= g < 24 likewise (act columns [64, 128)); in the m64n128 fragment of warpgroup c, g < 8 is gate
 // with its partner at g + 8 (act columns [64c, 64c + 64)).
 //
-// Tiles, schedule, ring and registers as in sm90_down_tall_kernel.cu (sm90_tall_schedule.cuh): each
-// segment runs as ceil(real / 192) tiles; rows of a tile past its segment are computed and never
-// stored, and a segment's rows past its last tall tile (padding only) are never written - DOWN masks
-// padding rows by pair_row, so their act is never reduced. By expert, single CTAs, persistent; the
-// producer warp decodes each item (lane 0 issues TMA) and zeroes its share of out (zero_out) as the
-// 128-row UP does. PDL dependents are released as the CTA starts, as there.
+// Tiles, schedule and ring as in sm90_down_tall_kernel.cu (sm90_tall_schedule.cuh): each segment
+// runs as ceil(real / 192) tiles; rows of a tile past its segment are computed and never stored, and
+// a segment's rows past its last tall tile (padding only) are never written - DOWN masks padding rows
+// by pair_row, so their act is never reduced. By expert, single CTAs, persistent; the producer
+// decodes each item and zeroes its share of out (zero_out) as the 128-row UP does. PDL dependents
+// are released as the CTA starts, as there.
+//
+// A rows: from xs by TMA (p.x null: gather_rows ran first), or gathered from the token-ordered x
+// (p.x set, the engine's default) by all 128 producer threads with cp.async, as the 128-row UP's
+// produce_gathered: the layer then skips gather_rows' write and re-read of xs. The gathering
+// producer keeps only 3 source-row pointers of the current item (4 chunks each) and loads them as
+// the item starts, so it fits 56 registers beside consumers at 224 (kTallUpProducerRegs).
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_experts.cuh"
@@ -33,6 +39,12 @@
 
 namespace epmoe::kernels {
 namespace sm90 {
+
+// Registers after setmaxnreg: the gathering producer needs more than the 192-row DOWN's 40, so the
+// consumers (192 accumulators) run at 224, which ptxas builds without spills here.
+inline constexpr uint32_t kTallUpProducerRegs = 56, kTallUpConsumerRegs = 224;
+static_assert(setmaxnreg_split_fits(kTallUpProducerRegs, kTallUpConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
+inline constexpr int kTallGatherRows = kTallRows / 64;  // rows per gathering producer thread (4 chunks each)
 
 #if EPMOE_SM90A_DEVICE
 // SwiGLU of 32 gate values and their 32 up partners (one 64-column half of act for this thread's two
@@ -56,13 +68,72 @@ __device__ __forceinline__ void store_act_half(__nv_bfloat16* __restrict__ act, 
     }
   }
 }
+
+// Producer warpgroup in gather mode (all 128 threads): each stage's 192 x 64 A tile is copied from
+// the token-ordered x with cp.async (zeros for padding rows and rows past the segment), in the
+// 128B-swizzled layout the TMA would write; thread 0 also issues the W1 box. Thread t copies 16-byte
+// chunks (t & 1) + 2j (j < 4) of tile rows t / 2 + 64 i (i < 3): only 3 row pointers per thread
+// (with 12 rows of one chunk each, the producer spilled at 56 registers), a warp instruction reads
+// one whole 32-byte sector of each of 16 rows, and all rows of a thread share one swizzle phase
+// (row % 8). Each thread's copies arrive on full[s] when they land
+// (cp.async.mbarrier.arrive.noinc; full counts 1 + 128 arrivals).
+__device__ __forceinline__ void produce_tall_gathered(const CUtensorMap& tm_w1, const __nv_bfloat16* __restrict__ x,
+                                                      int64_t x_rows, const int32_t* __restrict__ pair_row,
+                                                      int hidden, uint32_t sA, uint32_t sB, uint32_t full0,
+                                                      uint32_t empty0, int2* item_slots, const int32_t* item_off,
+                                                      const int32_t* seg64, int experts, int nn, int group,
+                                                      ZeroPlan& zero) {
+  const int t = int(threadIdx.x);  // 0..127
+  const int c0 = t & 1, rg = t >> 1;
+  const uint32_t a_dst = sA + uint32_t(rg) * 128;
+  const uint32_t phase = uint32_t(rg & 7);
+  const int num_k = hidden / kBK;
+  if (t == 0) tma_prefetch_desc(&tm_w1);
+  grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
+  uint32_t it = 0;
+  for (int64_t w = blockIdx.x;; w += gridDim.x) {
+    const TallItem ti = tall_item(w, item_off, seg64, experts, nn, group);
+    if (!ti.valid) break;
+    const __nv_bfloat16* src[kTallGatherRows];
+    uint32_t valid = 0;
+#pragma unroll
+    for (int i = 0; i < kTallGatherRows; ++i) {
+      const int l = rg + 64 * i;
+      const int32_t r = l < ti.rows ? pair_row[ti.m0 + l] : -1;  // rows past the segment: zeros, not stored
+      const bool ok = r >= 0 && int64_t(r) < x_rows;
+      src[i] = x + 8 * c0 + (ok ? int64_t(r) * hidden : 0);
+      valid |= ok ? (1u << i) : 0u;
+    }
+    zero_step(zero, zero.per_item, t, 128);
+    for (int kt = 0; kt < num_k; ++kt, ++it) {
+      const uint32_t s = it % kStages, full = full0 + 8 * s;
+      if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+      if (t == 0) {
+        if (kt == 0) item_slots[s] = tall_slot(ti);
+        mbar_arrive_expect_tx(full, kBTileBytes);
+        tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * ti.e, 2 * ti.nb);
+      }
+      const uint32_t dst = a_dst + s * kTallATileBytes;
+#pragma unroll
+      for (int i = 0; i < kTallGatherRows; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          cp_async_16_zfill(dst + uint32_t(i) * 64 * 128 + ((uint32_t(c0 + 2 * j) ^ phase) << 4),
+                            src[i] + kt * kBK + 16 * j, (valid >> i) & 1u ? 16u : 0u);
+      cp_async_mbar_arrive_noinc(full);  // full[s] hears of these copies when they land
+    }
+  }
+  zero_step(zero, zero.end - zero.next, t, 128);  // (the share's rounding remainder)
+  cp_async_wait_all();  // leave with no copies of its own in flight
+}
 #endif
 
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_tall_kernel(const __grid_constant__ CUtensorMap tm_xs, const __grid_constant__ CUtensorMap tm_w1,
                         const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                         __nv_bfloat16* __restrict__ act, int experts, int hidden, int ffn, int group_tiles,
-                        __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks, int silu_tanh_form) {
+                        __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks, int silu_tanh_form,
+                        const __nv_bfloat16* __restrict__ x, int64_t x_rows) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];
@@ -76,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(full0 + 8 * s, 1);
+      mbar_init(full0 + 8 * s, x != nullptr ? 1 + 128 : 1);  // gather: + each producer thread's copies
       mbar_init(empty0 + 8 * s, kConsumerThreads);
     }
     mbar_fence_init();
@@ -93,7 +164,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer: warp 0 decodes (every lane), lane 0 issues ----------------
-    setmaxnreg_dec<kTallProducerRegs>();
+    setmaxnreg_dec<kTallUpProducerRegs>();
+    if (x != nullptr) {
+      produce_tall_gathered(tm_w1, x, x_rows, pair_row, hidden, sA, sB, full0, empty0, item_slots, item_off, seg64,
+                            experts, nn, group, zero);
+      return;
+    }
     if (threadIdx.x >= 32) return;
     const int lane = int(threadIdx.x);
     if (lane == 0) {
@@ -121,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     zero_step(zero, zero.end - zero.next, lane, 32);  // (the share's rounding remainder)
   } else {
     // ---------------- consumers ----------------
-    setmaxnreg_inc<kTallConsumerRegs>();
+    setmaxnreg_inc<kTallUpConsumerRegs>();
     const int c = wg - 1;
     const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31), q = lane & 3;
     const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128));
@@ -129,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t fb = pin_u32(full0);
     const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
     const bool tanh_form = silu_tanh_form != 0;
+    const bool gathered = pin_u32(x != nullptr ? 1u : 0u) != 0;
     uint32_t it = 0;
     const int n_items = int(items);  // < 2^31 (the launcher's bound)
     for (int w = int(blockIdx.x); w < n_items; w += int(gridDim.x)) {
@@ -141,6 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kt = 0; kt < num_k; ++kt, ++it) {
         const uint32_t s = it % kStages;
         mbar_wait(fb + 8 * s, (it / kStages) & 1u);
+        if (gathered) fence_proxy_async_shared();  // the producers' cp.async writes, before wgmma reads them
         if (kt == 0) slot_v = item_slots[s];
         const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
         const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
@@ -173,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
-      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form;
+      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows;
 #endif
 }
 
@@ -181,19 +259,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
-  // UP from xs only: the gathering forms' producers need more than the 40 registers left here.
-  if (sm90_up_rows() != kTallRows || p.x != nullptr) return false;
+  if (sm90_up_rows() != kTallRows) return false;
   const size_t smem = tall_smem_bytes(p.experts);
   if (smem > kMaxDynSmemBytes - kStaticSmemReserve) return false;
   CUtensorMap tm_w1;
   if (!try_make_w1_interleaved_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1)) return false;
-  const CUtensorMap tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kTallRows);
+  // Gather mode (p.x set): xs is not read and its map is never used (a zero map is passed).
+  CUtensorMap tm_xs{};
+  if (p.x == nullptr) tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kTallRows);
   const int nn = p.ffn / 128;
   const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;  // >= the sum of ceil(P_e / 192)
   sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/false, tiles * nn, smem, s, "sm90_up_tall_launch", tm_xs,
               tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
               p.zero_out ? p.out : nullptr, p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
-              sm90_up_silu_tanh() ? 1 : 0);
+              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows);
   return true;
 }
 

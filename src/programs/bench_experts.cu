@@ -660,7 +660,7 @@ int main(int argc, char** argv) {
     std::printf("# epmoe sm_90a split pipeline on %s (%d SMs), %d iters, median, after >= %.0f ms of warm-up replays; "
                 "zeroing joined before %s\n",
                 prop.name, prop.multiProcessorCount, opt.iters, opt.warmup_ms, opt.zero_before_down ? "DOWN" : "UP");
-    std::printf("# full: as the engine runs it (UP gathers its rows unless EPMOE_SM90_GATHER=separate or EPMOE_SM90_UP_ROWS=192); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
+    std::printf("# full: as the engine runs it (UP gathers its rows unless EPMOE_SM90_GATHER=separate); sep: gather_rows kernel + UP from xs. up: from xs; upG: gathering\n");
     std::printf("# kernels: EPMOE_SM90_CLUSTER=%d (0 single CTAs, 1 2-CTA weight multicast in both, 2 in DOWN and "
                 "UP-from-xs, -1 auto: 1 at hidden >= 4096 with >= 1024 capacity rows per expert), EPMOE_SM90_GROUP=%d "
                 "row tiles per scheduling group, EPMOE_SM90_ORDER=%s (hidden 2048: %s, 7168: %s)\n",

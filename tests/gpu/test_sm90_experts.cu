@@ -594,12 +594,12 @@ const std::vector<Variant>& variants() {
       {"TallDownNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
        with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 201), nullptr, "EPMOE_SM90_DOWN_ROWS", "192",
        "EPMOE_SM90_PERSISTENT", "0"},
-      // UP on 192-row tiles (EPMOE_SM90_UP_ROWS=192, sm90_up_tall_kernel.cu; UP from xs, so the rows are
-      // gathered by gather_rows first): small cases for the sanitizers (one item per CTA; tile edges,
-      // where a tall tile reaches into the next segment, whose act rows it must not write), skew with
-      // empty experts, all rows to one expert, dropped slots, single-row experts, the 7168/2048 bench
-      // shape (also with DOWN on 192-row tiles), graph replays with in-kernel zeroing, one CTA per
-      // item; and the fused gather, which the 192-row UP leaves to the 128-row kernels.
+      // UP on 192-row tiles (EPMOE_SM90_UP_ROWS=192, sm90_up_tall_kernel.cu), gathering its rows from x
+      // (the engine's default) and from xs after gather_rows: small cases for the sanitizers (one item
+      // per CTA; tile edges, where a tall tile reaches into the next segment, whose act rows it must
+      // not write), skew with empty experts, all rows to one expert, dropped slots, single-row
+      // experts, the 7168/2048 bench shape (also with DOWN on 192-row tiles), graph replays with
+      // in-kernel zeroing, one CTA per item.
       {"TallUpSmallSeparateGatherE4K2H256F256T64", "0", "16", separate(with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 202)),
        nullptr, "EPMOE_SM90_UP_ROWS", "192"},
       {"TallUpSmallTileEdgesSeparateGatherE8K1H256F256T835", "0", "16",
@@ -623,8 +623,28 @@ const std::vector<Variant>& variants() {
       {"TallUpNonPersistentSeparateGatherZipfE16K4H2048F1024T2048", "0", "16",
        separate(with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 211)), nullptr, "EPMOE_SM90_UP_ROWS", "192",
        "EPMOE_SM90_PERSISTENT", "0"},
-      {"TallUpFusedGatherFallsBackZipfE32K4H2048F1024T4096", "0", "16",
-       with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 212), nullptr, "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherSmallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 213), nullptr,
+       "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 214),
+       nullptr, "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherZipfE32K4H2048F1024T4096", "0", "16", with({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}, 212),
+       nullptr, "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherOneExpertE8K2H2048F768T1000", "0", "16", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 215),
+       nullptr, "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherWithDropsE16K4H2048F1024T777", "0", "16", with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 216),
+       nullptr, "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherSingleRowsE16K1H4096F1024T12", "0", "16", with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 217),
+       nullptr, "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 218),
+       "expert", "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallBothGatherZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 219),
+       "expert", "EPMOE_SM90_UP_ROWS", "192", "EPMOE_SM90_DOWN_ROWS", "192"},
+      {"TallUpGatherGraphCapturedZeroOutE32K4H2048F1024T4096", "0", "16",
+       zero_in_up(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 220, Mode::graph)), nullptr,
+       "EPMOE_SM90_UP_ROWS", "192"},
+      {"TallUpGatherNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
+       with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 221), nullptr, "EPMOE_SM90_UP_ROWS", "192",
+       "EPMOE_SM90_PERSISTENT", "0"},
       // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
       // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
       // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,
