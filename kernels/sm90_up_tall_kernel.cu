@@ -69,15 +69,13 @@ __device__ __forceinline__ void store_act_half(__nv_bfloat16* __restrict__ act, 
   }
 }
 
-// The consumer warpgroups' loop over this CTA's items w = first, first + stride, ... < items (both
-// kernels): per stage m64n256 on the warpgroup's own 64 rows and m64n128 on the tile's rows
-// [128, 192) against its half of the W1 box; the previous stage released once its group is done (to
-// the peer's empty barrier too in a pair, whose forwarder writes into this ring); then SwiGLU and
-// 16-byte stores of act from registers. gathered: the A rows came by cp.async (generic proxy), so each
-// stage takes a proxy fence before wgmma reads it.
-template <bool kPair>
+// The consumer warpgroups' loop over this CTA's items w = first, first + stride, ... < items: per
+// stage m64n256 on the warpgroup's own 64 rows and m64n128 on the tile's rows [128, 192) against its
+// half of the W1 box; the previous stage released once its group is done; then SwiGLU and 16-byte
+// stores of act from registers. gathered: the A rows came by cp.async (generic proxy), so each stage
+// takes a proxy fence before wgmma reads it.
 __device__ __forceinline__ void consume_tall_items(int first, int stride, int items, int num_k, uint32_t sA,
-                                                   uint32_t sB, uint32_t full0, uint32_t empty0, uint32_t peer_empty0,
+                                                   uint32_t sB, uint32_t full0, uint32_t empty0,
                                                    const int2* item_slots, __nv_bfloat16* __restrict__ act, int ffn,
                                                    bool tanh_form, bool gathered_in) {
   const int c = int(threadIdx.x / 128) - 1;
@@ -87,10 +85,7 @@ __device__ __forceinline__ void consume_tall_items(int first, int stride, int it
   const uint32_t fb = pin_u32(full0);
   const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
   const bool gathered = pin_u32(gathered_in ? 1u : 0u) != 0;
-  auto release = [&](uint32_t s) {
-    mbar_arrive(empty0 + 8 * s);
-    if constexpr (kPair) mbar_arrive_remote(peer_empty0 + 8 * s);
-  };
+  auto release = [&](uint32_t s) { mbar_arrive(empty0 + 8 * s); };
   uint32_t it = 0;
   for (int w = first; w < items; w += stride) {
     float acc[128], acc2[64];
@@ -263,140 +258,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<kTallUpConsumerRegs>();
-    consume_tall_items<false>(int(blockIdx.x), int(gridDim.x), int(items), num_k, sA, sB, full0, empty0, 0u, item_slots,
+    consume_tall_items(int(blockIdx.x), int(gridDim.x), int(items), num_k, sA, sB, full0, empty0, item_slots,
                               act, ffn, silu_tanh_form != 0, x != nullptr);
   }
-#else
-  (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
-      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows;
-#endif
-}
-
-// ---- pairs sharing the gathered A tile (the 192-row form of sm90_up_pair_kernel) -----------------
-// 2-CTA clusters take the SAME 192-row tile and the column blocks 2jp and 2jp + 1: each CTA gathers
-// only its 96 rows [96 rank, 96 rank + 96) with cp.async (warps 0-1 of the producer warpgroup, 3 row
-// pointers x 4 chunks per thread) and a forwarder thread copies them into the peer's ring (one 12 KB
-// shared::cta -> shared::cluster bulk copy per stage, completing on the peer's full barrier); W1 is
-// loaded by each CTA for its own column block (warp 3). Why: the single-CTA 192-row UP gathers each
-// A row once per column block; here once per column pair, so a CTA's cp.async copies and its L2 bytes
-// for A halve (per MAC: 22% fewer L2 bytes than the single 192-row form, 27% fewer than the 128-row
-// pairs). Needs ffn % 256 == 0 (the launcher checks). Barriers per stage: full (2 arrivals: the W1
-// thread's arrive.expect_tx of W1 + the peer's rows, and the forwarder's arrive once this CTA's rows
-// landed), half_full (64 cp.async arrivals: this CTA's rows landed; the forwarder waits on it), empty
-// (both CTAs' consumers: the peer's forwarder writes into this ring only after its own empty wait).
-inline constexpr int kTallPairGatherThreads = 64;
-inline constexpr uint32_t kTallPairHalfBytes = kTallATileBytes / 2;  // 96 rows x 128 B
-
-__global__ void __launch_bounds__(kThreads, 1)
-    sm90_up_tall_pair_kernel(const __grid_constant__ CUtensorMap tm_w1, const int64_t* __restrict__ padded_offsets,
-                             const int32_t* __restrict__ pair_row, __nv_bfloat16* __restrict__ act, int experts,
-                             int hidden, int ffn, int group_tiles, __nv_bfloat16* __restrict__ zero_out,
-                             int64_t zero_chunks, int silu_tanh_form, const __nv_bfloat16* __restrict__ x,
-                             int64_t x_rows) {
-#if EPMOE_SM90A_DEVICE
-  __shared__ __align__(8) uint64_t bars[3 * kStages];  // full, empty, half_full
-  __shared__ int2 item_slots[kStages];
-  extern __shared__ uint8_t dyn_smem[];
-  uint8_t* ring = align_1024(dyn_smem);
-  int32_t* item_off = reinterpret_cast<int32_t*>(ring + size_t(kStages) * kTallStageBytes);
-  int32_t* seg64 = item_off + experts + 1;
-  const int np = ffn / 256, num_k = hidden / kBK;  // column pairs per tile
-  const int group = group_tiles < 1 ? 1 : group_tiles;
-  const uint32_t rank = cluster_ctarank();
-  build_tall_schedule(padded_offsets, pair_row, experts, np, item_off, seg64);  // (ends in a CTA barrier)
-  const int64_t items = item_off[experts];
-  const int64_t first = work_first<true>(), stride = work_stride<true>();
-  ZeroPlan zero = make_zero_plan<true>(zero_out, zero_chunks, items);
-  if (first >= items) {  // both CTAs of the cluster alike, before any cross-CTA traffic
-    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
-    return;
-  }
-  grid_launch_dependents();  // as in sm90_up_kernel
-
-  const uint32_t sA = smem_u32(ring), sB = sA + kStages * kTallATileBytes;
-  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
-  const uint32_t half0 = smem_u32(&bars[2 * kStages]);
-  if (threadIdx.x == 0)
-    for (int s = 0; s < kStages; ++s) mbar_init(half0 + 8 * s, kTallPairGatherThreads);
-  init_ring_barriers<true>(full0, empty0, 2);  // (its fence and cluster barrier cover half_full too)
-  const uint32_t my_off = rank * kTallPairHalfBytes;
-
-  if (threadIdx.x < 128) {
-    setmaxnreg_dec<kTallUpProducerRegs>();
-    const int t = int(threadIdx.x), warp = t / 32;
-    if (warp < 2) {
-      // ---- gatherers: rows 96 rank + t / 2 + 32 i (i < 3) of the tile, 16-byte chunks (t & 1) + 2j ----
-      const int c0 = t & 1, rg = t >> 1;  // rg 0..31; row % 8 = rg % 8 (96 rank and 32 i are multiples of 8)
-      const uint32_t t_dst = sA + my_off + uint32_t(rg) * 128, phase = uint32_t(rg & 7);
-      grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
-      uint32_t it = 0;
-      for (int64_t w = first;; w += stride) {
-        const TallItem ti = tall_item(w, item_off, seg64, experts, np, group);
-        if (!ti.valid) break;
-        const __nv_bfloat16* src[kTallGatherRows];
-        uint32_t valid = 0;
-#pragma unroll
-        for (int i = 0; i < kTallGatherRows; ++i) {
-          const int l = 96 * int(rank) + rg + 32 * i;
-          const int32_t r = l < ti.rows ? pair_row[ti.m0 + l] : -1;  // rows past the segment: zeros, not stored
-          const bool ok = r >= 0 && int64_t(r) < x_rows;
-          src[i] = x + 8 * c0 + (ok ? int64_t(r) * hidden : 0);
-          valid |= ok ? (1u << i) : 0u;
-        }
-        zero_step(zero, zero.per_item, t, kTallPairGatherThreads);
-        for (int kt = 0; kt < num_k; ++kt, ++it) {
-          const uint32_t s = it % kStages;
-          if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
-          const uint32_t dst = t_dst + s * kTallATileBytes;
-#pragma unroll
-          for (int i = 0; i < kTallGatherRows; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-              cp_async_16_zfill(dst + uint32_t(i) * 32 * 128 + ((uint32_t(c0 + 2 * j) ^ phase) << 4),
-                                src[i] + kt * kBK + 16 * j, (valid >> i) & 1u ? 16u : 0u);
-          cp_async_mbar_arrive_noinc(half0 + 8 * s);
-        }
-      }
-      zero_step(zero, zero.end - zero.next, t, kTallPairGatherThreads);
-      cp_async_wait_all();
-    } else if (t == 64) {
-      // ---- forwarder: this CTA's rows of each stage -> the peer's ring, once they have landed ----
-      const uint32_t peer_a = mapa_shared(sA, rank ^ 1u), peer_full0 = mapa_shared(full0, rank ^ 1u);
-      uint32_t it = 0;
-      for (int64_t w = first; w < items; w += stride) {
-        for (int kt = 0; kt < num_k; ++kt, ++it) {
-          const uint32_t s = it % kStages;
-          mbar_wait(half0 + 8 * s, (it / kStages) & 1u);
-          fence_proxy_async_shared();  // the gatherers' cp.async writes, before the bulk copy reads them
-          bulk_copy_to_peer(peer_a + s * kTallATileBytes + my_off, sA + s * kTallATileBytes + my_off,
-                            kTallPairHalfBytes, peer_full0 + 8 * s);
-          mbar_arrive(full0 + 8 * s);  // this CTA's rows are here
-        }
-      }
-    } else if (t == 96) {
-      // ---- W1: arms each stage (W1 + the peer's rows) and loads this CTA's column block ----
-      tma_prefetch_desc(&tm_w1);
-      uint32_t it = 0;
-      for (int64_t w = first;; w += stride) {
-        TallItem ti = tall_item(w, item_off, seg64, experts, np, group);
-        if (!ti.valid) break;
-        ti.nb = 2 * ti.nb + int(rank);
-        for (int kt = 0; kt < num_k; ++kt, ++it) {
-          const uint32_t s = it % kStages, full = full0 + 8 * s;
-          if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
-          if (kt == 0) item_slots[s] = tall_slot(ti);
-          mbar_arrive_expect_tx(full, kBTileBytes + kTallPairHalfBytes);
-          tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * ti.e, 2 * ti.nb);
-        }
-      }
-    }
-    __syncwarp();  // (the idle lanes of warps 2-3 reconverge before the cluster barrier)
-  } else {
-    setmaxnreg_inc<kTallUpConsumerRegs>();
-    consume_tall_items<true>(int(first), int(stride), int(items), num_k, sA, sB, full0, empty0,
-                             mapa_shared(empty0, rank ^ 1u), item_slots, act, ffn, silu_tanh_form != 0, true);
-  }
-  cluster_sync();  // no CTA leaves while its peer may still copy into it or arrive on its barriers
 #else
   (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
       (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows;
@@ -417,15 +281,6 @@ bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
   if (p.x == nullptr) tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kTallRows);
   const int nn = p.ffn / 128;
   const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;  // >= the sum of ceil(P_e / 192)
-  // Gathering: pairs sharing the A tile unless EPMOE_SM90_UP_SHARE_A=off or ffn / 128 is odd.
-  if (p.x != nullptr && nn % 2 == 0 && sm90_up_share_a_mode() != 0) {
-    sm90_launch(sm90_up_tall_pair_kernel, /*cluster=*/true, /*pdl=*/false, tiles * (nn / 2), smem, s,
-                "sm90_up_tall_launch", tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn,
-                sm90_group_tiles(), p.zero_out ? p.out : nullptr,
-                p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0, p.x,
-                p.x_rows);
-    return true;
-  }
   sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/false, tiles * nn, smem, s, "sm90_up_tall_launch", tm_xs,
               tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
               p.zero_out ? p.out : nullptr, p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),

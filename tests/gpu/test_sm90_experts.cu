@@ -595,12 +595,11 @@ const std::vector<Variant>& variants() {
        with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 201), nullptr, "EPMOE_SM90_DOWN_ROWS", "192",
        "EPMOE_SM90_PERSISTENT", "0"},
       // UP on 192-row tiles (EPMOE_SM90_UP_ROWS=192, sm90_up_tall_kernel.cu), gathering its rows from x
-      // (the engine's default: as pairs sharing the A tile; single CTAs with EPMOE_SM90_UP_SHARE_A=off
-      // or an odd ffn / 128) and from xs after gather_rows: small cases for the sanitizers (one item
+      // (the engine's default) and from xs after gather_rows: small cases for the sanitizers (one item
       // per CTA; tile edges, where a tall tile reaches into the next segment, whose act rows it must
       // not write), skew with empty experts, all rows to one expert, dropped slots, single-row
-      // experts, the 7168/2048 bench shape (also with DOWN on 192-row tiles), graph replays with
-      // in-kernel zeroing, one CTA (pair) per item.
+      // experts, an odd column-block count (ffn 640), the 7168/2048 bench shape (also with DOWN on
+      // 192-row tiles), graph replays with in-kernel zeroing, one CTA per item.
       {"TallUpSmallSeparateGatherE4K2H256F256T64", "0", "16", separate(with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 202)),
        nullptr, "EPMOE_SM90_UP_ROWS", "192"},
       {"TallUpSmallTileEdgesSeparateGatherE8K1H256F256T835", "0", "16",
@@ -643,12 +642,7 @@ const std::vector<Variant>& variants() {
       {"TallUpGatherGraphCapturedZeroOutE32K4H2048F1024T4096", "0", "16",
        zero_in_up(with({32, 4, 2048, 1024, 4096, Route::uniform, 31 * 128, 32}, 220, Mode::graph)), nullptr,
        "EPMOE_SM90_UP_ROWS", "192"},
-      {"TallUpGatherSingleSmallTileEdgesE8K1H256F256T835", "0", "16",
-       with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 222), nullptr, "EPMOE_SM90_UP_ROWS", "192",
-       "EPMOE_SM90_UP_SHARE_A", "off"},
-      {"TallUpGatherSingleZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 223),
-       "expert", "EPMOE_SM90_UP_ROWS", "192", "EPMOE_SM90_UP_SHARE_A", "off"},
-      {"TallUpGatherOddPairsWithDropsE16K4H1024F640T777", "0", "16",
+      {"TallUpGatherOddColumnBlocksWithDropsE16K4H1024F640T777", "0", "16",
        with({16, 4, 1024, 640, 777, Route::with_drops, 77, 48}, 224), nullptr, "EPMOE_SM90_UP_ROWS", "192"},
       {"TallUpGatherNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
        with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 221), nullptr, "EPMOE_SM90_UP_ROWS", "192",
