@@ -306,7 +306,9 @@ int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compu
 // Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
 // T=8k / 2048/T=16k; docs/PERF.md).
 int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", false) ? 192 : 128; }
-// Default 128: the 192-row UP (wip, session 27) is not measured yet.
+// Default 128: the 192-row UP (gathering from x, session 28) was 0.9804 of the layer at 7168/T=2k in
+// one steady-state A/B (4/4 rounds), 0.9948 at T=8k and 1.0097 at 2048/T=16k; not yet confirmed
+// against the boards' noise (docs/PERF.md, session 28).
 int sm90_up_rows() { return env_choice("EPMOE_SM90_UP_ROWS", "192", "128", false) ? 192 : 128; }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
