@@ -340,12 +340,11 @@ void run_case(const Case& cs) {
 
   // ---- act: NaN-free below the total, padding rows zero, sampled rows vs host SwiGLU ----
   {
-    // Rows UP writes: every row below the total, except that 192-row UP tiles (EPMOE_SM90_UP_ROWS=192)
-    // leave a segment's padding rows past its last tall tile unwritten (poison stays): nothing reads
-    // them into the output (DOWN masks padding rows by pair_row), which the output check confirms.
+    // Rows UP writes: every row below the total, except that 192-row UP tiles (sm90_up_rows) leave a
+    // segment's padding rows past its last tall tile unwritten (poison stays): nothing reads them
+    // into the output (DOWN masks padding rows by pair_row), which the output check confirms.
     std::vector<char> written(size_t(total), 1);
-    const char* up_rows = std::getenv("EPMOE_SM90_UP_ROWS");
-    if (up_rows != nullptr && std::strcmp(up_rows, "192") == 0) {
+    if (epmoe::kernels::sm90_up_rows(H, cap, E) == 192) {
       for (int e = 0; e < E; ++e) {
         const int64_t seg = L.x.padded_offsets[e], rows = L.x.padded_offsets[e + 1] - seg;
         const int t0 = int((rows + 191) / 192);
