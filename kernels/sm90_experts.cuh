@@ -155,15 +155,13 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // returns false (nothing queued): no expert_counts / work_counters, or clusters asked for
 // (EPMOE_SM90_CLUSTER=1 or 2). Items run in the 128-row kernels' order, as the granular UP's.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
-// UP's tile height: EPMOE_SM90_UP_ROWS = 128 | 192 (sm90_up_tall_kernel.cu: the 192 x 256 tile, W1
-// through the interleaved map, act stored from registers; A rows gathered from x or read from xs) |
-// auto (the default: 192 at hidden >= kClusterMinHidden where the cluster rule does not fire and no
-// 128-row-only UP form is asked for - EPMOE_SM90_UP_SHARE_A=on, EPMOE_SM90_UP_TILES=granular). The
-// 128-row UP's other knobs (clusters, pairs, early decode, order, padding halves, tail split) apply
-// where it runs. Read at each call.
-int sm90_up_rows(int hidden, int64_t rows_capacity, int experts);
+// UP's tile height: EPMOE_SM90_UP_ROWS = 128 (the default) | 192 (sm90_up_tall_kernel.cu: the 192 x 256
+// tile, W1 through the interleaved map, act stored from registers; A rows gathered from x or read
+// from xs; by expert, single CTAs - the 128-row UP's cluster, pair, order and padding-half knobs do
+// not apply to it). Read at each call.
+int sm90_up_rows();
 // Launches the 192-row UP kernel and returns true, or returns false (nothing queued) when
-// sm90_up_rows(...) is 128, the driver rejects the interleaved W1 map,
+// sm90_up_rows() is 128, the driver rejects the interleaved W1 map,
 // or the schedule does not fit beside the 4 x 56 KB ring.
 bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256

@@ -306,18 +306,13 @@ int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compu
 // Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
 // T=8k / 2048/T=16k; docs/PERF.md).
 int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", false) ? 192 : 128; }
-// Default auto: 192 where the 128-row UP would run single CTAs or A-sharing pairs (cluster mode 0) at
-// hidden >= kClusterMinHidden, unless a 128-row-only UP form is asked for (EPMOE_SM90_UP_SHARE_A=on,
-// EPMOE_SM90_UP_TILES=granular). Steady-state blocks of the layer 128 -> 192 (docs/PERF.md, session
-// 28): 7168/T=2k 0.9804 (4/4) and 0.9855 (5/6; A/A 0.9994); where the cluster rule fires (7168/T=8k)
-// 0.9948 / 0.9996 (A/A 1.0010), so the pairs keep it; at hidden 2048 1.0097 (by expert only).
-int sm90_up_rows(int hidden, int64_t rows_capacity, int experts) {
-  const int mode = env_choice3("EPMOE_SM90_UP_ROWS", {"128", "192", "auto"}, 2);
-  if (mode != 2) return mode == 1 ? 192 : 128;
-  const bool tall = hidden >= kClusterMinHidden && sm90_cluster_mode(hidden, rows_capacity, experts) == 0 &&
-                    sm90_up_share_a_mode() != 1 && !sm90_up_granular();
-  return tall ? 192 : 128;
-}
+// Default 128. The 192-row UP (gathering from x, session 28): steady-state blocks of the layer
+// 7168/T=2k 0.9804 (4/4) and 0.9855 (5/6; A/A 0.9994), 7168/T=8k 0.9948 / 0.9996, 2048/T=16k 1.0097
+// (docs/PERF.md, session 28). Not the default: at 7168/T=2k (~512 rows per expert) its tiles cover
+// about as many rows as the 128-row ones and it wins by clock, but the rows it covers swing with the
+// per-expert counts (uniform routing, rows over the 128-row kernels': 1.125 at 448 rows per expert,
+// 1.208 at 256, 1.004 at 512), which the launch cannot see (they are on the device).
+int sm90_up_rows() { return env_choice("EPMOE_SM90_UP_ROWS", "192", "128", false) ? 192 : 128; }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

@@ -617,7 +617,6 @@ bool sm90_fused_gather_enabled() {
 void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
   check_expert_problem(p, "sm90_up_launch");
-  // (sm90_up_rows' auto leaves the granular tiles to their knob; an explicit 192 runs the tall tiles)
   if (sm90_up_tall_launch(p, s)) return;
   if (sm90_up_granular() && sm90_up_granular_launch(p, s)) return;
   // Gather mode (p.x set): A rows come from x through cp.async and xs is not read; the xs map is

@@ -1,6 +1,5 @@
-// UP projection + SwiGLU on 192-row tiles (sm90_up_rows: EPMOE_SM90_UP_ROWS=192, or its auto default
-// at hidden >= 4096 where the cluster rule does not fire): the contract of sm90_up_kernel.cu (xs, w1 ->
-// act = bf16(silu(gate) * up)), with taller items.
+// UP projection + SwiGLU on 192-row tiles (EPMOE_SM90_UP_ROWS=192, opt-in): the contract of
+// sm90_up_kernel.cu (xs, w1 -> act = bf16(silu(gate) * up)), with taller items.
 //
 // Why: a 192 x 256 tile runs the mainloop 6-7% (L2-resident) to 10-12% (weights from DRAM) cheaper per
 // MAC at the 700 W cap than the 128 x 256 one (docs/PERF.md, session 27). In DOWN the tall tile did
@@ -272,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
   using namespace sm90;
-  if (sm90_up_rows(p.hidden, p.rows_capacity, p.experts) != kTallRows) return false;
+  if (sm90_up_rows() != kTallRows) return false;
   const size_t smem = tall_smem_bytes(p.experts);
   if (smem > kMaxDynSmemBytes - kStaticSmemReserve) return false;
   CUtensorMap tm_w1;

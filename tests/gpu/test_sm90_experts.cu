@@ -193,7 +193,7 @@ TEST(Sm90Experts, NonPersistentLargeT) {
 // The UP kernel's fallback W1 map (two rank-3 boxes per stage instead of the folded rank-4 box).
 TEST(Sm90Experts, PlainW1MapFallback) {
   EnvGuard guard("EPMOE_SM90_W1_PLAIN", "1");
-  EnvGuard up_rows("EPMOE_SM90_UP_ROWS", "128");  // (the 192-row UP reads W1 through its own map)
+  EnvGuard up_rows("EPMOE_SM90_UP_ROWS", "128");  // (pinned: the 192-row UP reads W1 through its own map)
   Case c{8, 2, 4096, 768, 600, Route::uniform, 0, 24};
   c.seed = 5;
   run_case(c);
@@ -722,8 +722,8 @@ TEST_P(Sm90Variant, MatchesReference) {
   // variant names EPMOE_SM90_UP_SHARE_A (the named cases above run the default: pairs wherever the
   // gathering UP runs single CTAs).
   EnvGuard share_a("EPMOE_SM90_UP_SHARE_A", "off");
-  // ... and on 128-row tiles, which sm90_up_rows' auto would replace with the 192-row UP at hidden >=
-  // 4096 (the Tall* variants name EPMOE_SM90_UP_ROWS; the named cases above run the default).
+  // ... and on 128-row tiles (today's default; pinned so that the variants keep testing the 128-row
+  // kernels should the default change - the Tall* variants name EPMOE_SM90_UP_ROWS).
   EnvGuard up_rows("EPMOE_SM90_UP_ROWS", "128");
   EnvGuard knob(GetParam().knob, GetParam().value);
   EnvGuard knob2(GetParam().knob2, GetParam().value2);
@@ -744,7 +744,7 @@ TEST(Sm90Experts, Large64BitOffsets) {
     run_case({2, 1, 7168, 128, 310000, Route::uniform, 0, 24});
   }
 }
-// The same on the 192-row UP (auto keeps the 128-row kernels here: the cluster rule fires).
+// The same on the 192-row UP.
 TEST(Sm90Experts, TallUpLarge64BitOffsets) {
   size_t free_b = 0, total_b = 0;
   REQUIRE_SM90();
