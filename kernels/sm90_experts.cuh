@@ -158,12 +158,21 @@ bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl)
 // UP's tile height: EPMOE_SM90_UP_ROWS = 128 (the default) | 192 (sm90_up_tall_kernel.cu: the 192 x 256
 // tile, W1 through the interleaved map, act stored from registers; A rows gathered from x or read
 // from xs; by expert, single CTAs - the 128-row UP's cluster, pair, order and padding-half knobs do
-// not apply to it). Read at each call.
+// not apply to it) | split (sm90_up_split). sm90_up_rows() is 192 for "192" only. Read at each call.
 int sm90_up_rows();
+// EPMOE_SM90_UP_ROWS=split: each expert on the tile height whose MMA rows cost less
+// (expert_prefers_tall in sm90_schedule.cuh, decided on the device): the 128-row UP (any of its
+// forms, by expert only) skips the experts the 192-row UP then takes, PDL-launched after it. Where
+// the 128-row UP would run the global order or the 192-row UP cannot run, every expert stays on 128.
+bool sm90_up_split();
 // Launches the 192-row UP kernel and returns true, or returns false (nothing queued) when
 // sm90_up_rows() is 128, the driver rejects the interleaved W1 map,
 // or the schedule does not fit beside the 4 x 56 KB ring.
 bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
+// The split UP's 192-row half: whether it can run for p (checked before the 128-row half is queued,
+// which then leaves the tall experts to it), and its launch (PDL; no zeroing: the 128-row half zeroes).
+bool sm90_up_tall_split_ready(const ExpertProblem& p);
+void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s);
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
 // tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert). Read at each call.
 int sm90_down_rows();

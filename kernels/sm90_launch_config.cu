@@ -312,7 +312,13 @@ int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", f
 // about as many rows as the 128-row ones and it wins by clock, but the rows it covers swing with the
 // per-expert counts (uniform routing, rows over the 128-row kernels': 1.125 at 448 rows per expert,
 // 1.208 at 256, 1.004 at 512), which the launch cannot see (they are on the device).
-int sm90_up_rows() { return env_choice("EPMOE_SM90_UP_ROWS", "192", "128", false) ? 192 : 128; }
+static int sm90_up_rows_mode() { return env_choice3("EPMOE_SM90_UP_ROWS", {"128", "192", "split"}, 0); }
+int sm90_up_rows() { return sm90_up_rows_mode() == 1 ? 192 : 128; }
+// split: each expert on the tile height whose MMA rows cost less (expert_prefers_tall, decided on the
+// device from the counts): the 128-row UP, then the 192-row UP (PDL) for the rest. Not yet run on a
+// GPU (session 28's plan: docs/PERF.md); predicted from uniform-routing counts at 7168/T=2k: UP's MMA
+// row-time x0.93 against the 128-row tiles' (the 192-row UP alone: x0.96).
+bool sm90_up_split() { return sm90_up_rows_mode() == 2; }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

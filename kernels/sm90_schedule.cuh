@@ -141,6 +141,16 @@ EPMOE_SCHED_FN int tall_tile_rows(int64_t seg_rows, int i) {
   const int64_t left = seg_rows - 192 * int64_t(i);
   return int(left < 192 ? left : 192);
 }
+// Split UP (EPMOE_SM90_UP_ROWS=split): expert e runs on 192-row tiles iff their MMA rows, at a tall
+// row's cost relative to a 128-row tile's row (kTallRowCostNum / kTallRowCostDen: the ~4% clock the
+// tall tile gained in situ at 7168/T=2k, docs/PERF.md session 28), undercut its segment's rows (the
+// 128-row tiles cover exactly the segment). Arguments as tall_tile_count's; an empty segment stays on
+// the 128-row kernel (no items either way).
+inline constexpr int kTallRowCostNum = 24, kTallRowCostDen = 25;
+EPMOE_SCHED_FN bool expert_prefers_tall(int64_t seg_rows, bool last_starts_in_padding) {
+  const int64_t tall_rows = int64_t(192) * tall_tile_count(seg_rows, last_starts_in_padding);
+  return tall_rows * kTallRowCostNum < seg_rows * kTallRowCostDen;
+}
 // Token-granular tiles (the granular UP kernel, sm90_up_granular_kernel.cu). Tile i of an expert
 // whose segment starts at seg and holds `rows` real rows in `tiles` 128-row tiles: its first row and
 // its token count n (a multiple of 16, 16 <= n <= 128; the tiles cover the real rows plus < 16 rows

@@ -146,14 +146,16 @@ __device__ __forceinline__ void produce_tall_gathered(const CUtensorMap& tm_w1, 
                                                       int hidden, uint32_t sA, uint32_t sB, uint32_t full0,
                                                       uint32_t empty0, int2* item_slots, const int32_t* item_off,
                                                       const int32_t* seg64, int experts, int nn, int group,
-                                                      ZeroPlan& zero) {
+                                                      ZeroPlan& zero, bool split) {
   const int t = int(threadIdx.x);  // 0..127
   const int c0 = t & 1, rg = t >> 1;
   const uint32_t a_dst = sA + uint32_t(rg) * 128;
   const uint32_t phase = uint32_t(rg & 7);
   const int num_k = hidden / kBK;
   if (t == 0) tma_prefetch_desc(&tm_w1);
-  grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
+  // x comes from the previous kernel (no-op unless PDL-launched); in the split UP the previous kernel
+  // is the 128-row UP, which started after x was complete (split_up_finish).
+  if (!split) grid_dependency_wait();
   uint32_t it = 0;
   for (int64_t w = blockIdx.x;; w += gridDim.x) {
     const TallItem ti = tall_item(w, item_off, seg64, experts, nn, group);
@@ -190,6 +192,14 @@ __device__ __forceinline__ void produce_tall_gathered(const CUtensorMap& tm_w1, 
   zero_step(zero, zero.end - zero.next, t, 128);  // (the share's rounding remainder)
   cp_async_wait_all();  // leave with no copies of its own in flight
 }
+
+// The split UP's 192-row half runs PDL-launched after the 128-row half and reads nothing it writes
+// (its inputs were complete before that kernel started), so it does not wait for it up front. DOWN
+// waits (griddepcontrol.wait) for this grid only, so thread 0 of every CTA waits here for the 128-row
+// half before it exits: this grid then completes after that one, and DOWN sees both halves of act.
+__device__ __forceinline__ void split_up_finish(bool split) {
+  if (split && threadIdx.x == 0) grid_dependency_wait();
+}
 #endif
 
 __global__ void __launch_bounds__(kThreads, 1)
@@ -197,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                         __nv_bfloat16* __restrict__ act, int experts, int hidden, int ffn, int group_tiles,
                         __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks, int silu_tanh_form,
-                        const __nv_bfloat16* __restrict__ x, int64_t x_rows) {
+                        const __nv_bfloat16* __restrict__ x, int64_t x_rows, int split_up) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];
@@ -216,11 +226,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_fence_init();
   }
-  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64);  // (ends in a CTA barrier)
+  const bool split = split_up != 0;
+  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64, split);  // (ends in a CTA barrier)
   const int64_t items = item_off[experts];
   ZeroPlan zero = make_zero_plan<false>(zero_out, zero_chunks, items);
   if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
     zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
+    split_up_finish(split);
     return;
   }
   grid_launch_dependents();  // as in sm90_up_kernel: DOWN waits for this whole grid before reading act
@@ -231,7 +243,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kTallUpProducerRegs>();
     if (x != nullptr) {
       produce_tall_gathered(tm_w1, x, x_rows, pair_row, hidden, sA, sB, full0, empty0, item_slots, item_off, seg64,
-                            experts, nn, group, zero);
+                            experts, nn, group, zero, split);
+      split_up_finish(split);
       return;
     }
     if (threadIdx.x >= 32) return;
@@ -239,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (lane == 0) {
       tma_prefetch_desc(&tm_xs);
       tma_prefetch_desc(&tm_w1);
-      grid_dependency_wait();  // xs comes from the previous kernel (no-op unless PDL-launched)
+      if (!split) grid_dependency_wait();  // xs comes from the previous kernel (as in the gathering form)
     }
     uint32_t it = 0;
     for (int64_t w = blockIdx.x;; w += gridDim.x) {
@@ -259,37 +272,67 @@ __global__ void __launch_bounds__(kThreads, 1)
       __syncwarp();
     }
     zero_step(zero, zero.end - zero.next, lane, 32);  // (the share's rounding remainder)
+    split_up_finish(split);
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<kTallUpConsumerRegs>();
-    consume_tall_items(int(blockIdx.x), int(gridDim.x), int(items), num_k, sA, sB, full0, empty0, item_slots,
-                              act, ffn, silu_tanh_form != 0, x != nullptr);
+    consume_tall_items(int(blockIdx.x), int(gridDim.x), int(items), num_k, sA, sB, full0, empty0, item_slots, act,
+                       ffn, silu_tanh_form != 0, x != nullptr);
   }
 #else
   (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
-      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows;
+      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows, (void)split_up;
 #endif
 }
 
 }  // namespace sm90
 
-bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
+namespace {
+// The 192-row UP's launch arguments; ok false where it cannot run (the driver rejects the interleaved
+// W1 map, or the schedule does not fit beside the ring).
+struct TallUpArgs {
+  bool ok = false;
+  CUtensorMap tm_xs{}, tm_w1{};  // tm_xs: a zero map in gather mode (p.x set), never used then
+  size_t smem = 0;
+  int64_t items = 0;  // >= the sum of ceil(P_e / 192) x ffn / 128
+};
+TallUpArgs tall_up_args(const ExpertProblem& p) {
   using namespace sm90;
-  if (sm90_up_rows() != kTallRows) return false;
-  const size_t smem = tall_smem_bytes(p.experts);
-  if (smem > kMaxDynSmemBytes - kStaticSmemReserve) return false;
-  CUtensorMap tm_w1;
-  if (!try_make_w1_interleaved_map(p.w1, p.experts, p.hidden, p.ffn, &tm_w1)) return false;
-  // Gather mode (p.x set): xs is not read and its map is never used (a zero map is passed).
-  CUtensorMap tm_xs{};
-  if (p.x == nullptr) tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kTallRows);
-  const int nn = p.ffn / 128;
-  const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;  // >= the sum of ceil(P_e / 192)
-  sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/false, tiles * nn, smem, s, "sm90_up_tall_launch", tm_xs,
-              tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
-              p.zero_out ? p.out : nullptr, p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
-              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows);
+  TallUpArgs a;
+  a.smem = tall_smem_bytes(p.experts);
+  if (a.smem > kMaxDynSmemBytes - kStaticSmemReserve) return a;
+  if (!try_make_w1_interleaved_map(p.w1, p.experts, p.hidden, p.ffn, &a.tm_w1)) return a;
+  if (p.x == nullptr) a.tm_xs = make_matrix_map(p.xs, p.rows_capacity, p.hidden, kTallRows);
+  a.items = (p.rows_capacity / kTallRows + p.experts + 1) * (p.ffn / 128);
+  a.ok = true;
+  return a;
+}
+// split: the split UP's second kernel (PDL after the 128-row half, which zeroes out if asked).
+void launch_tall_up(const ExpertProblem& p, const TallUpArgs& a, cudaStream_t s, bool split) {
+  using namespace sm90;
+  const bool zero = p.zero_out && !split;
+  sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/split, a.items, a.smem, s, "sm90_up_tall_launch",
+              a.tm_xs, a.tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
+              zero ? p.out : nullptr, zero ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
+              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows, split ? 1 : 0);
+}
+}  // namespace
+
+bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
+  if (sm90_up_rows() != sm90::kTallRows) return false;
+  const TallUpArgs a = tall_up_args(p);
+  if (!a.ok) return false;
+  launch_tall_up(p, a, s, /*split=*/false);
   return true;
+}
+
+bool sm90_up_tall_split_ready(const ExpertProblem& p) { return tall_up_args(p).ok; }
+
+void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s) {
+  const TallUpArgs a = tall_up_args(p);
+  EPMOE_CHECK(a.ok, ErrorCode::internal, "sm90_up_tall_split_launch: the 192-row UP cannot run here (check "
+              "sm90_up_tall_split_ready before the 128-row half)");
+  launch_tall_up(p, a, s, /*split=*/true);
 }
 
 }  // namespace epmoe::kernels

@@ -90,15 +90,26 @@ __device__ __forceinline__ void warp_item_prefix(int experts, int32_t* item_off,
   }
   if (lane == 0) item_off[0] = 0;
 }
+// Split UP (EPMOE_SM90_UP_ROWS=split): whether expert e's rows go to the 192-row UP
+// (expert_prefers_tall from its segment and one pair_row read: padding is the segment's tail).
+__device__ __forceinline__ bool split_expert_tall(const int64_t* __restrict__ padded_offsets,
+                                                  const int32_t* __restrict__ pair_row, int e) {
+  const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
+  const int t0 = int((p + 191) / 192);
+  return expert_prefers_tall(p, t0 > 0 && pair_row[seg + 192 * int64_t(t0 - 1)] < 0);
+}
 // All threads: warp 0 fills item_off[0..E] (exclusive prefix of expert_items) and tile_first[0..E]
-// from padded_offsets, then a CTA barrier.
+// from padded_offsets, then a CTA barrier. split_pair_row (the split UP's 128-row half, else null):
+// experts that split_expert_tall sends to the 192-row UP get no items here.
 template <bool kCluster>
 __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict__ padded_offsets, int experts, int nn,
-                                                      int32_t* item_off, int32_t* tile_first) {
+                                                      int32_t* item_off, int32_t* tile_first,
+                                                      const int32_t* __restrict__ split_pair_row = nullptr) {
   if (threadIdx.x < 32) {
     warp_item_prefix(experts, item_off, [&](int e) {
       const int t0 = int(padded_offsets[e] / kBM), t1 = int(padded_offsets[e + 1] / kBM);
       tile_first[e] = t0;
+      if (split_pair_row != nullptr && split_expert_tall(padded_offsets, split_pair_row, e)) return int32_t(0);
       return int32_t(expert_items(t1 - t0, nn, kCluster));
     });
     if (threadIdx.x == 0) tile_first[experts] = int32_t(padded_offsets[experts] / kBM);
@@ -109,10 +120,12 @@ __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict_
 // All threads. sched: the shared-memory schedule area (by expert), or null for the global order.
 // tail_workers: halve the last wave's items over this many persistent workers (the CTAs, or the
 // A-sharing pairs' clusters), 0 = no halving; single-CTA row units only (see TailSplit). In either
-// order: the half items map onto the original item indices before they are decoded.
+// order: the half items map onto the original item indices before they are decoded. split_pair_row:
+// see build_expert_schedule (by expert only).
 template <bool kCluster>
 __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __restrict__ padded_offsets, int experts,
-                                                   int group_tiles, int32_t* sched, int64_t tail_workers = 0) {
+                                                   int group_tiles, int32_t* sched, int64_t tail_workers = 0,
+                                                   const int32_t* __restrict__ split_pair_row = nullptr) {
   WorkGrid g;
   g.total = padded_offsets[experts];
   g.nn = nn;
@@ -123,7 +136,7 @@ __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __rest
   g.group = group < 1 ? 1 : group;
   g.rank = kCluster ? cluster_ctarank() : 0u;
   if (sched != nullptr) {
-    build_expert_schedule<kCluster>(padded_offsets, experts, nn, sched, sched + experts + 1);
+    build_expert_schedule<kCluster>(padded_offsets, experts, nn, sched, sched + experts + 1, split_pair_row);
     g.item_off = sched;
     g.tile_first = sched + experts + 1;
     g.items = g.item_off[experts];

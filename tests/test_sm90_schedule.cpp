@@ -20,6 +20,7 @@ using epmoe::kernels::sm90::expert_item;
 using epmoe::kernels::sm90::expert_items;
 using epmoe::kernels::sm90::expert_items_bound;
 using epmoe::kernels::sm90::expert_of_item;
+using epmoe::kernels::sm90::expert_prefers_tall;
 using epmoe::kernels::sm90::ScheduledItem;
 using epmoe::kernels::sm90::tall_tile_count;
 using epmoe::kernels::sm90::tall_tile_rows;
@@ -300,6 +301,23 @@ TEST(Sm90Schedule, TallTilesCoverTheRealRows) {
         covered += std::min<int64_t>(rows, std::max<int64_t>(0, real - 192 * int64_t(i)));
       }
       ASSERT_EQ(covered, real) << "seg " << seg << " real " << real;
+    }
+  }
+}
+// The split UP's choice: tall exactly where 192-row tiles' MMA rows x 24/25 undercut the segment's
+// (checked against the definition in doubles), a few fixed points, and no empty segment goes tall.
+TEST(Sm90Schedule, SplitUpPrefersTallWhereItsRowsCostLess) {
+  EXPECT_FALSE(expert_prefers_tall(0, false));
+  EXPECT_FALSE(expert_prefers_tall(128, false));  // 1 tall tile = 192 rows for 128: 184 > 128
+  EXPECT_TRUE(expert_prefers_tall(384, false));   // 2 tall tiles = 384 rows: 368.6 < 384
+  EXPECT_FALSE(expert_prefers_tall(512, false));  // real > 384: 3 tall tiles = 576: 553 > 512
+  EXPECT_TRUE(expert_prefers_tall(512, true));    // real <= 384: 2 tall tiles = 384 < 512
+  for (int64_t seg = 128; seg <= 4096; seg += 128) {
+    for (int64_t real = seg - 127; real <= seg; ++real) {
+      const int t0 = int((seg + 191) / 192);
+      const bool pad = 192 * int64_t(t0 - 1) >= real;
+      const double tall = 192.0 * tall_tile_count(seg, pad) * 0.96;
+      ASSERT_EQ(expert_prefers_tall(seg, pad), tall < double(seg)) << "seg " << seg << " real " << real;
     }
   }
 }

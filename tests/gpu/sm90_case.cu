@@ -340,16 +340,20 @@ void run_case(const Case& cs) {
 
   // ---- act: NaN-free below the total, padding rows zero, sampled rows vs host SwiGLU ----
   {
-    // Rows UP writes: every row below the total, except that 192-row UP tiles (sm90_up_rows) leave a
-    // segment's padding rows past its last tall tile unwritten (poison stays): nothing reads them
-    // into the output (DOWN masks padding rows by pair_row), which the output check confirms.
+    // Rows UP writes: every row below the total, except that 192-row UP tiles (sm90_up_rows, and the
+    // experts the split UP sends to them) leave a segment's padding rows past its last tall tile
+    // unwritten (poison stays): nothing reads them into the output (DOWN masks padding rows by
+    // pair_row), which the output check confirms. (Where the split falls back to 128-row tiles for
+    // every expert, the exempted rows are written and simply not checked.)
     std::vector<char> written(size_t(total), 1);
-    if (epmoe::kernels::sm90_up_rows() == 192) {
+    const bool split = epmoe::kernels::sm90_up_split();
+    if (epmoe::kernels::sm90_up_rows() == 192 || split) {
       for (int e = 0; e < E; ++e) {
         const int64_t seg = L.x.padded_offsets[e], rows = L.x.padded_offsets[e + 1] - seg;
         const int t0 = int((rows + 191) / 192);
-        const int tiles =
-            epmoe::kernels::sm90::tall_tile_count(rows, t0 > 0 && L.x.pair_row[size_t(seg + 192 * int64_t(t0 - 1))] < 0);
+        const bool pad = t0 > 0 && L.x.pair_row[size_t(seg + 192 * int64_t(t0 - 1))] < 0;
+        if (split && !epmoe::kernels::sm90::expert_prefers_tall(rows, pad)) continue;
+        const int tiles = epmoe::kernels::sm90::tall_tile_count(rows, pad);
         int64_t covered = 0;
         for (int i = 0; i < tiles; ++i) covered += epmoe::kernels::sm90::tall_tile_rows(rows, i);
         for (int64_t r = seg + covered; r < seg + rows; ++r) written[size_t(r)] = 0;

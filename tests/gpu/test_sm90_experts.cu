@@ -648,6 +648,40 @@ const std::vector<Variant>& variants() {
       {"TallUpGatherNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
        with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 221), nullptr, "EPMOE_SM90_UP_ROWS", "192",
        "EPMOE_SM90_PERSISTENT", "0"},
+      // The split UP (EPMOE_SM90_UP_ROWS=split: each expert on the tile height whose MMA rows cost less,
+      // the 128-row UP then the 192-row UP, PDL): by expert (the order it needs; pinned below hidden
+      // 4096). Tile edges give both kinds of experts side by side (counts 129 and 192 go tall, the
+      // others stay), small uniform cases none (the 192-row grid has no work), one expert of 2000 rows
+      // all tall; the 128-row half as single CTAs, as A-sharing pairs and as weight-multicast
+      // clusters; UP from xs; graph replays with in-kernel zeroing (by the 128-row half); one CTA per
+      // item; separate launches without PDL into DOWN.
+      {"SplitSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 230),
+       "expert", "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitSmallNoTallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 231), "expert",
+       "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitSmallSeparateGatherTileEdgesE8K1H256F256T835", "0", "16",
+       separate(with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 232)), "expert", "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitSmallPairsTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 233),
+       "expert", "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SHARE_A", "on"},
+      {"SplitPairsZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 234), nullptr,
+       "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SHARE_A", "auto"},
+      {"SplitSingleCtaUniformE32K8H7168F2048T2048", "0", "16",
+       with({32, 8, 7168, 2048, 2048, Route::uniform, 0, 16}, 235), nullptr, "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitClusterUniformE8K4H7168F2048T512", "1", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 236),
+       nullptr, "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitOneExpertE8K2H2048F768T1000", "0", "16", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 237),
+       "expert", "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitWithDropsE16K4H2048F1024T777", "0", "16",
+       with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 238), "expert", "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitGraphCapturedZeroOutTileEdgesE8K1H1024F1024T835", "0", "16",
+       zero_in_up(with({8, 1, 1024, 1024, 835, Route::tile_edges, 128, 64}, 239, Mode::graph)), "expert",
+       "EPMOE_SM90_UP_ROWS", "split"},
+      {"SplitNonPersistentTileEdgesE8K1H1024F1024T835", "0", "16",
+       with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 240), "expert", "EPMOE_SM90_UP_ROWS", "split",
+       "EPMOE_SM90_PERSISTENT", "0"},
+      {"SplitSeparateNoPdlTileEdgesE8K1H1024F1024T835", "0", "16",
+       with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 241, Mode::separate_no_pdl), "expert",
+       "EPMOE_SM90_UP_ROWS", "split"},
       // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
       // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
       // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,
