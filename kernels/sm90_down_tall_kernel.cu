@@ -210,11 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
         const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
         wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kBK / 16; ++kk) {
-          wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
-          WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
-        }
+        tall_stage_mma(acc, acc2, da, dx, db, dbx);
         wgmma_commit();
         if (kt > 0) {
           wgmma_wait<1>();  // the previous stage's group is done: release it, unless it stages

@@ -7,6 +7,7 @@
 
 #include "kernels/sm90_common.cuh"
 #include "kernels/sm90_schedule.cuh"
+#include "kernels/sm90_wgmma_n.cuh"
 #include "kernels/sm90_work_items.cuh"
 
 namespace epmoe::kernels::sm90 {
@@ -65,6 +66,17 @@ __device__ __forceinline__ TallItem tall_item(int64_t w, const int32_t* item_off
   t.nb = s.nb;
   t.rows = tall_tile_rows(int64_t(seg64[t.e + 1]) * 64 - seg, s.tile);
   return t;
+}
+// One ring stage of the 192 x 256 tile for a consumer warpgroup, between the caller's wgmma_fence
+// and wgmma_commit: m64n256 on its own 64 rows (A descriptor da, B db) and m64n128 on the tile's rows
+// [128, 192) against its half of the B box (dx, dbx), over the stage's kBK / 16 k slices.
+__device__ __forceinline__ void tall_stage_mma(float (&acc)[128], float (&acc2)[64], uint32_t da, uint32_t dx,
+                                               uint32_t db, uint32_t dbx) {
+#pragma unroll
+  for (int kk = 0; kk < kBK / 16; ++kk) {
+    wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
+    WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
+  }
 }
 __device__ __forceinline__ int2 tall_slot(const TallItem& t) {
   return make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift));

@@ -73,15 +73,15 @@ __device__ __forceinline__ void store_act_half(__nv_bfloat16* __restrict__ act, 
   }
 }
 
-// The consumer warpgroups' loop over this CTA's items w = first, first + stride, ... < items: per
+// The consumer warpgroups' loop over this CTA's items (blockIdx.x, then every gridDim.x-th): per
 // stage m64n256 on the warpgroup's own 64 rows and m64n128 on the tile's rows [128, 192) against its
 // half of the W1 box; the previous stage released once its group is done; then SwiGLU and 16-byte
 // stores of act from registers. gathered: the A rows came by cp.async (generic proxy), so each stage
 // takes a proxy fence before wgmma reads it.
-__device__ __forceinline__ void consume_tall_items(int first, int stride, int items, int num_k, uint32_t sA,
-                                                   uint32_t sB, uint32_t full0, uint32_t empty0,
-                                                   const int2* item_slots, __nv_bfloat16* __restrict__ act, int ffn,
-                                                   bool tanh_form, bool gathered_in) {
+__device__ __forceinline__ void consume_tall_items(int items, int num_k, uint32_t sA, uint32_t sB, uint32_t full0,
+                                                   uint32_t empty0, const int2* item_slots,
+                                                   __nv_bfloat16* __restrict__ act, int ffn, bool tanh_form,
+                                                   bool gathered_in) {
   const int c = int(threadIdx.x / 128) - 1;
   const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31), q = lane & 3;
   const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128));
@@ -91,7 +91,7 @@ __device__ __forceinline__ void consume_tall_items(int first, int stride, int it
   const bool gathered = pin_u32(gathered_in ? 1u : 0u) != 0;
   auto release = [&](uint32_t s) { mbar_arrive(empty0 + 8 * s); };
   uint32_t it = 0;
-  for (int w = first; w < items; w += stride) {
+  for (int w = int(blockIdx.x); w < items; w += int(gridDim.x)) {
     float acc[128], acc2[64];
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -106,11 +106,7 @@ __device__ __forceinline__ void consume_tall_items(int first, int stride, int it
       const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
       const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
       wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < kBK / 16; ++kk) {
-        wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
-        WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
-      }
+      tall_stage_mma(acc, acc2, da, dx, db, dbx);
       wgmma_commit();
       if (kt > 0) {
         wgmma_wait<1>();  // the previous stage's group is done: release it
@@ -276,8 +272,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<kTallUpConsumerRegs>();
-    consume_tall_items(int(blockIdx.x), int(gridDim.x), int(items), num_k, sA, sB, full0, empty0, item_slots, act,
-                       ffn, silu_tanh_form != 0, x != nullptr);
+    consume_tall_items(int(items), num_k, sA, sB, full0, empty0, item_slots, act, ffn, silu_tanh_form != 0,
+                       x != nullptr);
   }
 #else
   (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
