@@ -155,12 +155,13 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s);
 // returns false (nothing queued): no expert_counts / work_counters, or clusters asked for
 // (EPMOE_SM90_CLUSTER=1 or 2). Items run in the 128-row kernels' order, as the granular UP's.
 bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
-// UP's tile height: EPMOE_SM90_UP_ROWS = 128 (the default) | 192 (sm90_up_tall_kernel.cu: the 192 x 256
+// UP's tile height: EPMOE_SM90_UP_ROWS = 128 | 192 (sm90_up_tall_kernel.cu: the 192 x 256
 // tile, W1 through the interleaved map, act stored from registers; A rows gathered from x or read
 // from xs; by expert, single CTAs - the 128-row UP's cluster, pair, order and padding-half knobs do
-// not apply to it) | split (sm90_up_split). sm90_up_rows() is 192 for "192" only. Read at each call.
+// not apply to it) | split (sm90_up_split; the default). sm90_up_rows() is 192 for "192" only. Read at
+// each call.
 int sm90_up_rows();
-// EPMOE_SM90_UP_ROWS=split: each expert on the tile height whose MMA rows cost less
+// EPMOE_SM90_UP_ROWS=split (the default): each expert on 192-row tiles where they cover fewer rows
 // (expert_prefers_tall in sm90_schedule.cuh, decided on the device): the 128-row UP (any of its
 // forms, by expert only) skips the experts the 192-row UP then takes, PDL-launched after it. Where
 // the 128-row UP would run the global order or the 192-row UP cannot run, every expert stays on 128.

@@ -306,18 +306,18 @@ int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compu
 // Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
 // T=8k / 2048/T=16k; docs/PERF.md).
 int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", false) ? 192 : 128; }
-// Default 128. The 192-row UP (gathering from x, session 28): steady-state blocks of the layer
+// The 192-row UP alone (gathering from x, session 28; opt-in "192"): steady-state blocks of the layer
 // 7168/T=2k 0.9804 (4/4) and 0.9855 (5/6; A/A 0.9994), 7168/T=8k 0.9948 / 0.9996, 2048/T=16k 1.0097
-// (docs/PERF.md, session 28). Not the default: at 7168/T=2k (~512 rows per expert) its tiles cover
-// about as many rows as the 128-row ones and it wins by clock, but the rows it covers swing with the
+// (docs/PERF.md, session 28). Alone it is no default: the rows its tiles cover swing with the
 // per-expert counts (uniform routing, rows over the 128-row kernels': 1.125 at 448 rows per expert,
 // 1.208 at 256, 1.004 at 512), which the launch cannot see (they are on the device).
-static int sm90_up_rows_mode() { return env_choice3("EPMOE_SM90_UP_ROWS", {"128", "192", "split"}, 0); }
+// Default split: each expert on 192-row tiles where they cover fewer rows (expert_prefers_tall,
+// decided on the device from the counts): the 128-row UP, then the 192-row UP (PDL) for the rest;
+// nothing changes where the 128-row UP runs the global order (hidden < 4096 by default). Session 29
+// (docs/PERF.md): steady-state blocks of the layer 128 -> split at 7168/T=2k 0.9749 (6/6, A/A 0.9873)
+// with session 28's rule.
+static int sm90_up_rows_mode() { return env_choice3("EPMOE_SM90_UP_ROWS", {"128", "192", "split"}, 2); }
 int sm90_up_rows() { return sm90_up_rows_mode() == 1 ? 192 : 128; }
-// split: each expert on the tile height whose MMA rows cost less (expert_prefers_tall, decided on the
-// device from the counts): the 128-row UP, then the 192-row UP (PDL) for the rest. Not yet run on a
-// GPU (session 28's plan: docs/PERF.md); predicted from uniform-routing counts at 7168/T=2k: UP's MMA
-// row-time x0.93 against the 128-row tiles' (the 192-row UP alone: x0.96).
 bool sm90_up_split() { return sm90_up_rows_mode() == 2; }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }

@@ -141,15 +141,15 @@ EPMOE_SCHED_FN int tall_tile_rows(int64_t seg_rows, int i) {
   const int64_t left = seg_rows - 192 * int64_t(i);
   return int(left < 192 ? left : 192);
 }
-// Split UP (EPMOE_SM90_UP_ROWS=split): expert e runs on 192-row tiles iff their MMA rows, at a tall
-// row's cost relative to a 128-row tile's row (kTallRowCostNum / kTallRowCostDen: the ~4% clock the
-// tall tile gained in situ at 7168/T=2k, docs/PERF.md session 28), undercut its segment's rows (the
-// 128-row tiles cover exactly the segment). Arguments as tall_tile_count's; an empty segment stays on
-// the 128-row kernel (no items either way).
-inline constexpr int kTallRowCostNum = 24, kTallRowCostDen = 25;
+// Split UP (EPMOE_SM90_UP_ROWS=split): expert e runs on 192-row tiles iff they cover strictly fewer
+// MMA rows than its segment (the 128-row tiles cover exactly the segment), i.e. they save >= 64
+// padding rows. Rows are costed alike: the tall tile's ~4% clock gain at 7168/T=2k is absent at T=8k
+// (docs/PERF.md sessions 28-29), and weighting by it sent 93% of the experts at T=8k to the tall half
+// for no saving (+1.1% layer, S29-1). Arguments as tall_tile_count's; an empty segment stays on the
+// 128-row kernel (no items either way).
 EPMOE_SCHED_FN bool expert_prefers_tall(int64_t seg_rows, bool last_starts_in_padding) {
   const int64_t tall_rows = int64_t(192) * tall_tile_count(seg_rows, last_starts_in_padding);
-  return tall_rows * kTallRowCostNum < seg_rows * kTallRowCostDen;
+  return tall_rows < seg_rows;
 }
 // Token-granular tiles (the granular UP kernel, sm90_up_granular_kernel.cu). Tile i of an expert
 // whose segment starts at seg and holds `rows` real rows in `tiles` 128-row tiles: its first row and

@@ -304,20 +304,23 @@ TEST(Sm90Schedule, TallTilesCoverTheRealRows) {
     }
   }
 }
-// The split UP's choice: tall exactly where 192-row tiles' MMA rows x 24/25 undercut the segment's
-// (checked against the definition in doubles), a few fixed points, and no empty segment goes tall.
+// The split UP's choice: tall exactly where 192-row tiles cover fewer MMA rows than the segment
+// (checked against the definition), a few fixed points, and no empty segment goes tall.
 TEST(Sm90Schedule, SplitUpPrefersTallWhereItsRowsCostLess) {
   EXPECT_FALSE(expert_prefers_tall(0, false));
-  EXPECT_FALSE(expert_prefers_tall(128, false));  // 1 tall tile = 192 rows for 128: 184 > 128
-  EXPECT_TRUE(expert_prefers_tall(384, false));   // 2 tall tiles = 384 rows: 368.6 < 384
-  EXPECT_FALSE(expert_prefers_tall(512, false));  // real > 384: 3 tall tiles = 576: 553 > 512
+  EXPECT_FALSE(expert_prefers_tall(128, false));  // 1 tall tile = 192 rows for 128
+  EXPECT_TRUE(expert_prefers_tall(256, true));    // real <= 192: 1 tall tile = 192 < 256
+  EXPECT_FALSE(expert_prefers_tall(384, false));  // 2 tall tiles = 384 rows: a tie stays on 128
+  EXPECT_FALSE(expert_prefers_tall(512, false));  // real > 384: 3 tall tiles = 576 > 512
   EXPECT_TRUE(expert_prefers_tall(512, true));    // real <= 384: 2 tall tiles = 384 < 512
+  EXPECT_TRUE(expert_prefers_tall(640, true));    // real <= 576: 3 tall tiles = 576 < 640
+  EXPECT_FALSE(expert_prefers_tall(640, false));  // real > 576: 4 tall tiles = 768 > 640
   for (int64_t seg = 128; seg <= 4096; seg += 128) {
     for (int64_t real = seg - 127; real <= seg; ++real) {
       const int t0 = int((seg + 191) / 192);
       const bool pad = 192 * int64_t(t0 - 1) >= real;
-      const double tall = 192.0 * tall_tile_count(seg, pad) * 0.96;
-      ASSERT_EQ(expert_prefers_tall(seg, pad), tall < double(seg)) << "seg " << seg << " real " << real;
+      const int64_t tall = 192 * int64_t(tall_tile_count(seg, pad));
+      ASSERT_EQ(expert_prefers_tall(seg, pad), tall < seg) << "seg " << seg << " real " << real;
     }
   }
 }

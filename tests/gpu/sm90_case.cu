@@ -247,7 +247,7 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void run_case(const Case& cs) {
+void run_case(const Case& cs, CaseStats* stats) {
   const int E = cs.E, k = cs.k, H = cs.hidden, F = cs.ffn;
   const int64_t T = cs.T;
   REQUIRE_SM90();
@@ -347,12 +347,14 @@ void run_case(const Case& cs) {
     // every expert, the exempted rows are written and simply not checked.)
     std::vector<char> written(size_t(total), 1);
     const bool split = epmoe::kernels::sm90_up_split();
+    if (split && stats != nullptr) stats->split_tall_experts = 0;
     if (epmoe::kernels::sm90_up_rows() == 192 || split) {
       for (int e = 0; e < E; ++e) {
         const int64_t seg = L.x.padded_offsets[e], rows = L.x.padded_offsets[e + 1] - seg;
         const int t0 = int((rows + 191) / 192);
         const bool pad = t0 > 0 && L.x.pair_row[size_t(seg + 192 * int64_t(t0 - 1))] < 0;
         if (split && !epmoe::kernels::sm90::expert_prefers_tall(rows, pad)) continue;
+        if (split && stats != nullptr) ++stats->split_tall_experts;
         const int tiles = epmoe::kernels::sm90::tall_tile_count(rows, pad);
         int64_t covered = 0;
         for (int i = 0; i < tiles; ++i) covered += epmoe::kernels::sm90::tall_tile_rows(rows, i);

@@ -87,8 +87,13 @@ struct Case {
   bool zero_out = false;
 };
 
+// What a run saw, for checks that belong to the caller: the experts the split UP
+// (EPMOE_SM90_UP_ROWS=split) sent to its 192-row half (-1: the split was not selected).
+struct CaseStats {
+  int split_tall_experts = -1;
+};
 // Runs one case (layout on the host, pipeline on the device) and checks it; gtest failures on mismatch.
-void run_case(const Case& cs);
+void run_case(const Case& cs, CaseStats* stats = nullptr);
 
 // Sets an environment variable for one test (the sm90 launchers read theirs at every launch).
 struct EnvGuard {

@@ -429,11 +429,12 @@ const std::vector<Variant>& variants() {
       {"TallUpGatherNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
        with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 221), nullptr, "EPMOE_SM90_UP_ROWS", "192",
        "EPMOE_SM90_PERSISTENT", "0"},
-      // The split UP (EPMOE_SM90_UP_ROWS=split: each expert on the tile height whose MMA rows cost less,
-      // the 128-row UP then the 192-row UP, PDL): by expert (the order it needs; pinned below hidden
-      // 4096). Tile edges give both kinds of experts side by side (counts 129 and 192 go tall, the
-      // others stay), small uniform cases none (the 192-row grid has no work), one expert of 2000 rows
-      // all tall; the 128-row half as single CTAs, as A-sharing pairs and as weight-multicast
+      // The split UP (EPMOE_SM90_UP_ROWS=split: each expert on 192-row tiles where they cover fewer
+      // rows, the 128-row UP then the 192-row UP, PDL): by expert (the order it needs; pinned below
+      // hidden 4096). Every row but NoTall must send some expert to each half (asserted in the test):
+      // tile edges give both kinds side by side (counts 129 and 192 go tall, the others stay), small
+      // uniform cases none (the 192-row grid has no work), one expert of 1700 rows (1728 tall rows
+      // against a 1792-row segment); the 128-row half as single CTAs, as A-sharing pairs and as weight-multicast
       // clusters; UP from xs; graph replays with in-kernel zeroing (by the 128-row half); one CTA per
       // item; separate launches without PDL into DOWN.
       {"SplitSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 230),
@@ -448,9 +449,9 @@ const std::vector<Variant>& variants() {
        "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SHARE_A", "auto"},
       {"SplitSingleCtaUniformE32K8H7168F2048T2048", "0", "16",
        with({32, 8, 7168, 2048, 2048, Route::uniform, 0, 16}, 235), nullptr, "EPMOE_SM90_UP_ROWS", "split"},
-      {"SplitClusterUniformE8K4H7168F2048T512", "1", "16", with({8, 4, 7168, 2048, 512, Route::uniform, 0, 12}, 236),
+      {"SplitClusterUniformE8K4H7168F2048T1024", "1", "16", with({8, 4, 7168, 2048, 1024, Route::uniform, 0, 12}, 236),
        nullptr, "EPMOE_SM90_UP_ROWS", "split"},
-      {"SplitOneExpertE8K2H2048F768T1000", "0", "16", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 237),
+      {"SplitOneExpertE8K2H2048F768T1700", "0", "16", with({8, 2, 2048, 768, 1700, Route::one_expert, 128, 48}, 237),
        "expert", "EPMOE_SM90_UP_ROWS", "split"},
       {"SplitWithDropsE16K4H2048F1024T777", "0", "16",
        with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 238), "expert", "EPMOE_SM90_UP_ROWS", "split"},

@@ -214,7 +214,14 @@ TEST_P(Sm90Variant, MatchesReference) {
   EnvGuard up_rows("EPMOE_SM90_UP_ROWS", "128");
   EnvGuard knob(GetParam().knob, GetParam().value);
   EnvGuard knob2(GetParam().knob2, GetParam().value2);
-  run_case(GetParam().c);
+  CaseStats stats;
+  run_case(GetParam().c, &stats);
+  // The split rows must run both halves (else they test only the 128-row UP); the NoTall rows none.
+  const Variant& v = GetParam();
+  if (v.value != nullptr && std::string(v.value) == "split" && !HasFatalFailure() && !IsSkipped()) {
+    if (std::string(v.name).find("NoTall") != std::string::npos) EXPECT_EQ(stats.split_tall_experts, 0);
+    else EXPECT_GT(stats.split_tall_experts, 0) << "no expert went to the 192-row half";
+  }
 }
 INSTANTIATE_TEST_SUITE_P(Sm90Experts, Sm90Variant, ::testing::ValuesIn(variants()),
                          [](const ::testing::TestParamInfo<Variant>& info) { return std::string(info.param.name); });
