@@ -29,8 +29,9 @@
 //   EPMOE_SM90_UP_SHARE_A=auto|on|off  the gathering UP as pairs sharing the A tile (see below)
 //   EPMOE_SM90_UP_TILES=whole|granular, EPMOE_SM90_DOWN_TILES=whole|granular  128-row tiles (the
 //                            default), or swap-AB on token-granular tiles (below)
-//   EPMOE_SM90_UP_ROWS=128|192, EPMOE_SM90_DOWN_ROWS=128|192  tile heights: 192 = the opt-in
-//                            sm90_up_tall_kernel.cu (UP from xs) / sm90_down_tall_kernel.cu (below)
+//   EPMOE_SM90_UP_ROWS=split|128|192  UP's tile height: split (the default) = per expert, 192 where
+//                            it covers fewer rows (below); 192 = sm90_up_tall_kernel.cu for every expert
+//   EPMOE_SM90_DOWN_ROWS=128|192  DOWN's: 192 = the opt-in sm90_down_tall_kernel.cu (below)
 //   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs

@@ -1,4 +1,5 @@
-// UP projection + SwiGLU on 192-row tiles (EPMOE_SM90_UP_ROWS=192, opt-in): the contract of
+// UP projection + SwiGLU on 192-row tiles (the split UP's tall half, the default; every expert with
+// EPMOE_SM90_UP_ROWS=192): the contract of
 // sm90_up_kernel.cu (xs, w1 -> act = bf16(silu(gate) * up)), with taller items.
 //
 // Why: a 192 x 256 tile runs the mainloop 6-7% (L2-resident) to 10-12% (weights from DRAM) cheaper per
