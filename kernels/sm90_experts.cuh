@@ -162,11 +162,17 @@ bool sm90_down_granular_launch(const ExpertProblem& p, cudaStream_t s, bool pdl)
 // not apply to it) | split (sm90_up_split; the default). sm90_up_rows() is 192 for "192" only. Read at
 // each call.
 int sm90_up_rows();
-// EPMOE_SM90_UP_ROWS=split (the default): each expert on 192-row tiles where they cover fewer rows
-// (expert_prefers_tall in sm90_schedule.cuh, decided on the device): the 128-row UP (any of its
+// EPMOE_SM90_UP_ROWS=split (the default): experts on 192-row tiles where they cover fewer rows
+// (expert_prefers_tall in sm90_schedule.cuh) and their items fill the 192-row UP's waves well enough
+// (split_tall_cut; sm90_up_split_ctas), decided on the device from the counts: the 128-row UP (any of its
 // forms, by expert only) skips the experts the 192-row UP then takes, PDL-launched after it. Where
 // the 128-row UP would run the global order or the 192-row UP cannot run, every expert stays on 128.
 bool sm90_up_split();
+// The split rule's CTA count (split_cut_score in sm90_schedule.cuh; the kernels' split_ctas):
+// EPMOE_SM90_UP_SPLIT_WAVES = on (the default: the device's SM count, so that the 192-row half is
+// sent only experts whose items fill its waves well enough to pay) | off (1: every expert
+// expert_prefers_tall picks). Read at each call.
+int sm90_up_split_ctas();
 // Launches the 192-row UP kernel and returns true, or returns false (nothing queued) when
 // sm90_up_rows() is 128, the driver rejects the interleaved W1 map,
 // or the schedule does not fit beside the 4 x 56 KB ring.
@@ -174,7 +180,7 @@ bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 // The split UP's 192-row half: whether it can run for p (checked before the 128-row half is queued,
 // which then leaves the tall experts to it), and its launch (PDL; no zeroing: the 128-row half zeroes).
 bool sm90_up_tall_split_ready(const ExpertProblem& p);
-void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s);
+void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas);  // (as the 128-row half's)
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
 // tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert). Read at each call.
 int sm90_down_rows();

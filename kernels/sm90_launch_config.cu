@@ -314,11 +314,18 @@ int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", f
 // Default split: each expert on 192-row tiles where they cover fewer rows (expert_prefers_tall,
 // decided on the device from the counts): the 128-row UP, then the 192-row UP (PDL) for the rest;
 // nothing changes where the 128-row UP runs the global order (hidden < 4096 by default). Session 29
-// (docs/PERF.md): steady-state blocks of the layer 128 -> split at 7168/T=2k 0.9749 (6/6, A/A 0.9873)
-// with session 28's rule.
+// (docs/PERF.md): steady-state blocks of the layer 128 -> split (every picked expert tall) 0.9734
+// (6/6) at 7168/T=2k, 0.9916 (4/6) at T=8k, up to 1.0064 where few experts are picked; the wave test
+// (sm90_up_split_ctas) keeps those on 128.
 static int sm90_up_rows_mode() { return env_choice3("EPMOE_SM90_UP_ROWS", {"128", "192", "split"}, 2); }
 int sm90_up_rows() { return sm90_up_rows_mode() == 1 ? 192 : 128; }
 bool sm90_up_split() { return sm90_up_rows_mode() == 2; }
+// Default on: the wave rule (split_cut_score) over the device's SM count; off: 1, which sends every
+// expert expert_prefers_tall picks (session 29's first default, kept for the tests: it puts experts
+// in both halves on small problems, where the wave rule keeps all on 128).
+int sm90_up_split_ctas() {
+  return env_choice("EPMOE_SM90_UP_SPLIT_WAVES", "on", "off", true) ? sm90::device_sm_count() : 1;
+}
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

@@ -151,6 +151,48 @@ EPMOE_SCHED_FN bool expert_prefers_tall(int64_t seg_rows, bool last_starts_in_pa
   const int64_t tall_rows = int64_t(192) * tall_tile_count(seg_rows, last_starts_in_padding);
   return tall_rows < seg_rows;
 }
+// The split UP's wave rule. The experts expert_prefers_tall picks are taken in expert order; sending
+// the first of them to the 192-row UP frees `freed` 128-row items (their tiles x the column blocks)
+// and adds `tall` 192-row items, 1.5 the time each, which run in ceil(tall / ctas) waves after the
+// 128-row half (whose own last wave is halved, TailSplit). split_cut_score: that cost less the
+// saving, in half item-times x ctas; the 192-row half gets the prefix of least score, none (score 0)
+// included, the shortest on ties. Why: a lone tall expert's items are a partial wave of long items
+// behind the 128-row half (+0.6% at 7168/T=4k, docs/PERF.md session 29); the simulation there puts
+// the rule at UP x0.96 at 7168/T=2k against x0.97 for every picked expert. With ctas = 1 every
+// picked expert goes (each lowers the score), i.e. the rule is expert_prefers_tall alone.
+EPMOE_SCHED_FN int64_t split_cut_score(int64_t tall_items, int64_t freed_items, int ctas) {
+  return 3 * int64_t(ctas) * ((tall_items + ctas - 1) / ctas) - 2 * freed_items;
+}
+// Expert e's part in the rule: whether expert_prefers_tall picks it (from its segment and the
+// pair_row of its last tall tile's first row: padding is the segment's tail), its 192-row items and
+// the 128-row items it frees, over `blocks` column blocks.
+struct SplitExpert {
+  bool picked;
+  int64_t tall_items, freed_items;
+};
+EPMOE_SCHED_FN SplitExpert split_expert(const int64_t* padded_offsets, const int32_t* pair_row, int e, int blocks) {
+  const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
+  const int t0 = int((p + 191) / 192);
+  const bool pad = t0 > 0 && pair_row[seg + 192 * int64_t(t0 - 1)] < 0;
+  if (!expert_prefers_tall(p, pad)) return {false, 0, 0};
+  return {true, int64_t(tall_tile_count(p, pad)) * blocks, p / 128 * blocks};
+}
+// The rule, sequentially (host: tests and the test harness; the kernels run it 32 experts at a time,
+// warp_split_tall_cut in sm90_work_items.cuh): expert e goes tall iff split_expert picks it and e < the
+// returned bound.
+inline int split_tall_cut(const int64_t* padded_offsets, const int32_t* pair_row, int experts, int blocks, int ctas) {
+  int64_t tall = 0, freed = 0, best = 0;
+  int cut = 0;
+  for (int e = 0; e < experts; ++e) {
+    const SplitExpert x = split_expert(padded_offsets, pair_row, e, blocks);
+    if (!x.picked) continue;
+    tall += x.tall_items;
+    freed += x.freed_items;
+    const int64_t score = split_cut_score(tall, freed, ctas);
+    if (score < best) best = score, cut = e + 1;
+  }
+  return cut;
+}
 // Token-granular tiles (the granular UP kernel, sm90_up_granular_kernel.cu). Tile i of an expert
 // whose segment starts at seg and holds `rows` real rows in `tiles` 128-row tiles: its first row and
 // its token count n (a multiple of 16, 16 <= n <= 128; the tiles cover the real rows plus < 16 rows

@@ -35,18 +35,21 @@ struct TallItem {
 };
 // Warp 0 fills item_off[0..E] (exclusive prefix of the experts' items) and seg64[0..E] (segment
 // starts / 64), then a CTA barrier. Reads padded_offsets and pair_row (layout outputs, complete
-// before the UP grid started: safe before griddepcontrol.wait). split (the split UP's 192-row half):
-// only the experts expert_prefers_tall sends here get items.
+// before the UP grid started: safe before griddepcontrol.wait). split_ctas (the split UP's 192-row
+// half; 0: none): only the experts the split rule sends here get items (SplitRule over nn = ffn / 128
+// column blocks, as the 128-row half counts them).
 __device__ __forceinline__ void build_tall_schedule(const int64_t* __restrict__ padded_offsets,
                                                     const int32_t* __restrict__ pair_row, int experts, int nn,
-                                                    int32_t* item_off, int32_t* seg64, bool split = false) {
+                                                    int32_t* item_off, int32_t* seg64, int split_ctas = 0) {
   if (threadIdx.x < 32) {
+    const SplitRule rule{pair_row, nn, split_ctas};
+    const int cut = split_ctas > 0 ? warp_split_tall_cut(padded_offsets, experts, rule) : 0;
     warp_item_prefix(experts, item_off, [&](int e) {
       const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
       const int t0 = int((p + kTallRows - 1) / kTallRows);
       seg64[e] = int32_t(seg / 64);
+      if (split_ctas > 0 && !(e < cut && split_expert(padded_offsets, pair_row, e, nn).picked)) return int32_t(0);
       const bool pad = t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0;
-      if (split && !expert_prefers_tall(p, pad)) return int32_t(0);
       return int32_t(tall_tile_count(p, pad) * nn);
     });
     if (threadIdx.x == 0) seg64[experts] = int32_t(padded_offsets[experts] / 64);

@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                    int hidden, int ffn, int w1_folded, const __nv_bfloat16* __restrict__ x, int64_t x_rows,
                    const int32_t* __restrict__ pair_row, int group_tiles, int gather_async_arrive, int by_expert,
                    int staged_epi, int tail_split, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                   int pad_halves, int silu_tanh_form, int early_decode, int split_up) {
+                   int pad_halves, int silu_tanh_form, int early_decode, int split_ctas) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kUpStagingBytes : 0)) : nullptr;
   const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, group_tiles, sched,
                                                  tail_split != 0 ? work_stride<kCluster>() : 0,
-                                                 split_up != 0 ? pair_row : nullptr);  // (by expert only)
+                                                 split_rule(pair_row, ffn, split_ctas));  // (by expert only)
   ZeroPlan zero = make_zero_plan<kCluster>(zero_out, zero_chunks, grid.items);
   // No work: the whole CTA zeroes its share of out and leaves (in a cluster both CTAs alike, before
   // any cross-CTA traffic).
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
   (void)padded_offsets, (void)act, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)group_tiles, (void)gather_async_arrive, (void)by_expert, (void)staged_epi, (void)tail_split,
-      (void)zero_out, (void)zero_chunks, (void)pad_halves, (void)silu_tanh_form, (void)early_decode, (void)split_up;
+      (void)zero_out, (void)zero_chunks, (void)pad_halves, (void)silu_tanh_form, (void)early_decode, (void)split_ctas;
 #endif
 }
 
@@ -416,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int64_t* __restrict__ padded_offsets, int experts, int hidden, int ffn, int w1_folded,
                         const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                         int group_tiles, __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks,
-                        int silu_tanh_form, int by_expert, int tail_split_on, int split_up) {
+                        int silu_tanh_form, int by_expert, int tail_split_on, int split_ctas) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[3 * kStages];  // full, empty, half_full
   __shared__ int2 item_slots[kStages];
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Single-CTA row units x column pairs, the last wave halved over the clusters (not the CTAs).
   const WorkGrid g = make_work_grid<false>(ffn / 256, padded_offsets, experts, group_tiles, sched,
                                            tail_split_on != 0 ? work_stride<true>() : 0,
-                                           split_up != 0 ? pair_row : nullptr);  // (by expert only)
+                                           split_rule(pair_row, ffn, split_ctas));  // (by expert only)
   const int64_t items = g.items;
   const uint32_t rank = cluster_ctarank();
   ZeroPlan zero = make_zero_plan<true>(zero_out, zero_chunks, items);
@@ -576,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)group_tiles, (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)by_expert,
-      (void)tail_split_on, (void)split_up;
+      (void)tail_split_on, (void)split_ctas;
 #endif
 }
 
@@ -642,9 +642,10 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   if (!folded) tm_w1 = make_w1_plain_map(p.w1, p.experts, p.hidden, p.ffn);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int nj = p.ffn / 128;
-  // Split UP (sm90_up_split): this kernel skips the experts split_expert_tall sends to the 192-row
+  // Split UP (sm90_up_split): this kernel skips the experts the split rule sends to the 192-row
   // UP, queued next. By expert only (the global order has no per-expert item counts to zero).
   auto split_here = [&](bool by_expert) { return sm90_up_split() && by_expert && sm90_up_tall_split_ready(p); };
+  const int split_ctas = sm90_up_split() ? sm90_up_split_ctas() : 0;  // (one read for both halves)
   if (form == UpGatherForm::pairs) {
     // Pairs sharing the gathered A tile (sm90_up_pair_kernel), in the order the 128-row kernel would run.
     // Its units are single row tiles with nj / 2 column pairs each: the single-CTA plan over those.
@@ -656,8 +657,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
                 p.x_rows, p.pair_row, sm90_group_tiles(), p.zero_out ? p.out : nullptr,
                 p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), sm90_up_silu_tanh() ? 1 : 0,
                 pair_plan.by_expert ? 1 : 0, sm90_tail_split_in(pair_plan.by_expert, sm90_up_pair_tail_split()) ? 1 : 0,
-                split ? 1 : 0);
-    if (split) sm90_up_tall_split_launch(p, s);
+                split ? split_ctas : 0);
+    if (split) sm90_up_tall_split_launch(p, s, split_ctas);
     return;
   }
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nj, cluster, staged ? kUpStagingBytes : 0);
@@ -671,8 +672,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
               plan.by_expert ? 1 : 0, staged ? 1 : 0, sm90_tail_split_in(plan.by_expert, sm90_tail_split()) ? 1 : 0,
               p.zero_out ? p.out : nullptr,
               p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0), pad_halves ? 1 : 0,
-              sm90_up_silu_tanh() ? 1 : 0, sm90_early_decode(), split ? 1 : 0);
-  if (split) sm90_up_tall_split_launch(p, s);
+              sm90_up_silu_tanh() ? 1 : 0, sm90_early_decode(), split ? split_ctas : 0);
+  if (split) sm90_up_tall_split_launch(p, s, split_ctas);
 }
 
 }  // namespace epmoe::kernels

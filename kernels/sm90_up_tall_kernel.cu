@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                         __nv_bfloat16* __restrict__ act, int experts, int hidden, int ffn, int group_tiles,
                         __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks, int silu_tanh_form,
-                        const __nv_bfloat16* __restrict__ x, int64_t x_rows, int split_up) {
+                        const __nv_bfloat16* __restrict__ x, int64_t x_rows, int split_ctas) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];
@@ -223,8 +223,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     mbar_fence_init();
   }
-  const bool split = split_up != 0;
-  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64, split);  // (ends in a CTA barrier)
+  const bool split = split_ctas > 0;  // the split UP's 192-row half (its rule's CTA count)
+  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64, split_ctas);  // (ends in a CTA barrier)
   const int64_t items = item_off[experts];
   ZeroPlan zero = make_zero_plan<false>(zero_out, zero_chunks, items);
   if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
@@ -278,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
-      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows, (void)split_up;
+      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows, (void)split_ctas;
 #endif
 }
 
@@ -304,14 +304,16 @@ TallUpArgs tall_up_args(const ExpertProblem& p) {
   a.ok = true;
   return a;
 }
-// split: the split UP's second kernel (PDL after the 128-row half, which zeroes out if asked).
-void launch_tall_up(const ExpertProblem& p, const TallUpArgs& a, cudaStream_t s, bool split) {
+// split_ctas > 0: the split UP's second kernel (PDL after the 128-row half, which zeroes out if
+// asked), with the rule's CTA count the 128-row half was given.
+void launch_tall_up(const ExpertProblem& p, const TallUpArgs& a, cudaStream_t s, int split_ctas) {
   using namespace sm90;
+  const bool split = split_ctas > 0;
   const bool zero = p.zero_out && !split;
   sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/split, a.items, a.smem, s, "sm90_up_tall_launch",
               a.tm_xs, a.tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
               zero ? p.out : nullptr, zero ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
-              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows, split ? 1 : 0);
+              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows, split_ctas);
 }
 }  // namespace
 
@@ -319,17 +321,18 @@ bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s) {
   if (sm90_up_rows() != sm90::kTallRows) return false;
   const TallUpArgs a = tall_up_args(p);
   if (!a.ok) return false;
-  launch_tall_up(p, a, s, /*split=*/false);
+  launch_tall_up(p, a, s, /*split_ctas=*/0);
   return true;
 }
 
 bool sm90_up_tall_split_ready(const ExpertProblem& p) { return tall_up_args(p).ok; }
 
-void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s) {
+void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas) {
   const TallUpArgs a = tall_up_args(p);
   EPMOE_CHECK(a.ok, ErrorCode::internal, "sm90_up_tall_split_launch: the 192-row UP cannot run here (check "
               "sm90_up_tall_split_ready before the 128-row half)");
-  launch_tall_up(p, a, s, /*split=*/true);
+  EPMOE_CHECK(split_ctas > 0, ErrorCode::internal, "sm90_up_tall_split_launch: split_ctas must be > 0");
+  launch_tall_up(p, a, s, split_ctas);
 }
 
 }  // namespace epmoe::kernels

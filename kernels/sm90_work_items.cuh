@@ -90,26 +90,62 @@ __device__ __forceinline__ void warp_item_prefix(int experts, int32_t* item_off,
   }
   if (lane == 0) item_off[0] = 0;
 }
-// Split UP (EPMOE_SM90_UP_ROWS=split): whether expert e's rows go to the 192-row UP
-// (expert_prefers_tall from its segment and one pair_row read: padding is the segment's tail).
-__device__ __forceinline__ bool split_expert_tall(const int64_t* __restrict__ padded_offsets,
-                                                  const int32_t* __restrict__ pair_row, int e) {
-  const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
-  const int t0 = int((p + 191) / 192);
-  return expert_prefers_tall(p, t0 > 0 && pair_row[seg + 192 * int64_t(t0 - 1)] < 0);
+// The split UP (EPMOE_SM90_UP_ROWS=split) as its two halves see it: pair_row (null: no split), the
+// column blocks the rule counts items over (ffn / 128 in both halves, whatever their own units) and
+// the rule's CTA count (split_cut_score in sm90_schedule.cuh).
+struct SplitRule {
+  const int32_t* pair_row = nullptr;
+  int blocks = 0;
+  int ctas = 1;
+};
+// The 128-row half's rule from its kernel arguments (split_ctas 0: no split; ffn / 128 blocks).
+__device__ __forceinline__ SplitRule split_rule(const int32_t* pair_row, int ffn, int split_ctas) {
+  return split_ctas > 0 ? SplitRule{pair_row, ffn / 128, split_ctas} : SplitRule{};
+}
+// Warp 0 (all its lanes call): split_tall_cut, 32 experts per step (lane e % 32 reads expert e's
+// segment and one pair_row); the same value in every lane and in every CTA of both halves.
+__device__ __forceinline__ int warp_split_tall_cut(const int64_t* __restrict__ padded_offsets, int experts,
+                                                   const SplitRule& r) {
+  const int lane = int(threadIdx.x & 31);
+  long long tall_carry = 0, freed_carry = 0, best = 0;
+  int cut = 0;
+  for (int base = 0; base < experts; base += 32) {
+    const int e = base + lane;
+    const SplitExpert x = e < experts ? split_expert(padded_offsets, r.pair_row, e, r.blocks) : SplitExpert{false, 0, 0};
+    long long tall = x.tall_items, freed = x.freed_items;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {  // inclusive warp scans
+      const long long t = __shfl_up_sync(0xffffffffu, tall, d), f = __shfl_up_sync(0xffffffffu, freed, d);
+      if (lane >= d) tall += t, freed += f;
+    }
+    // Each picked expert's prefix score; the least (then the lowest expert) over the warp.
+    long long score = x.picked ? split_cut_score(tall_carry + tall, freed_carry + freed, r.ctas) : best;
+    int at = x.picked ? e + 1 : cut;
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) {
+      const long long os = __shfl_xor_sync(0xffffffffu, score, d);
+      const int oa = __shfl_xor_sync(0xffffffffu, at, d);
+      if (os < score || (os == score && oa < at)) score = os, at = oa;
+    }
+    if (score < best) best = score, cut = at;
+    tall_carry += __shfl_sync(0xffffffffu, tall, 31);
+    freed_carry += __shfl_sync(0xffffffffu, freed, 31);
+  }
+  return cut;
 }
 // All threads: warp 0 fills item_off[0..E] (exclusive prefix of expert_items) and tile_first[0..E]
-// from padded_offsets, then a CTA barrier. split_pair_row (the split UP's 128-row half, else null):
-// experts that split_expert_tall sends to the 192-row UP get no items here.
+// from padded_offsets, then a CTA barrier. split (the split UP's 128-row half; default: none): the
+// experts the rule sends to the 192-row UP get no items here.
 template <bool kCluster>
 __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict__ padded_offsets, int experts, int nn,
                                                       int32_t* item_off, int32_t* tile_first,
-                                                      const int32_t* __restrict__ split_pair_row = nullptr) {
+                                                      const SplitRule& split = SplitRule{}) {
   if (threadIdx.x < 32) {
+    const int cut = split.pair_row != nullptr ? warp_split_tall_cut(padded_offsets, experts, split) : 0;
     warp_item_prefix(experts, item_off, [&](int e) {
       const int t0 = int(padded_offsets[e] / kBM), t1 = int(padded_offsets[e + 1] / kBM);
       tile_first[e] = t0;
-      if (split_pair_row != nullptr && split_expert_tall(padded_offsets, split_pair_row, e)) return int32_t(0);
+      if (e < cut && split_expert(padded_offsets, split.pair_row, e, split.blocks).picked) return int32_t(0);
       return int32_t(expert_items(t1 - t0, nn, kCluster));
     });
     if (threadIdx.x == 0) tile_first[experts] = int32_t(padded_offsets[experts] / kBM);
@@ -120,12 +156,12 @@ __device__ __forceinline__ void build_expert_schedule(const int64_t* __restrict_
 // All threads. sched: the shared-memory schedule area (by expert), or null for the global order.
 // tail_workers: halve the last wave's items over this many persistent workers (the CTAs, or the
 // A-sharing pairs' clusters), 0 = no halving; single-CTA row units only (see TailSplit). In either
-// order: the half items map onto the original item indices before they are decoded. split_pair_row:
-// see build_expert_schedule (by expert only).
+// order: the half items map onto the original item indices before they are decoded. split: see
+// build_expert_schedule (by expert only).
 template <bool kCluster>
 __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __restrict__ padded_offsets, int experts,
                                                    int group_tiles, int32_t* sched, int64_t tail_workers = 0,
-                                                   const int32_t* __restrict__ split_pair_row = nullptr) {
+                                                   const SplitRule& split = SplitRule{}) {
   WorkGrid g;
   g.total = padded_offsets[experts];
   g.nn = nn;
@@ -136,7 +172,7 @@ __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __rest
   g.group = group < 1 ? 1 : group;
   g.rank = kCluster ? cluster_ctarank() : 0u;
   if (sched != nullptr) {
-    build_expert_schedule<kCluster>(padded_offsets, experts, nn, sched, sched + experts + 1, split_pair_row);
+    build_expert_schedule<kCluster>(padded_offsets, experts, nn, sched, sched + experts + 1, split);
     g.item_off = sched;
     g.tile_first = sched + experts + 1;
     g.items = g.item_off[experts];

@@ -21,6 +21,9 @@ using epmoe::kernels::sm90::expert_items;
 using epmoe::kernels::sm90::expert_items_bound;
 using epmoe::kernels::sm90::expert_of_item;
 using epmoe::kernels::sm90::expert_prefers_tall;
+using epmoe::kernels::sm90::split_expert;
+using epmoe::kernels::sm90::split_tall_cut;
+using epmoe::kernels::sm90::SplitExpert;
 using epmoe::kernels::sm90::ScheduledItem;
 using epmoe::kernels::sm90::tall_tile_count;
 using epmoe::kernels::sm90::tall_tile_rows;
@@ -321,6 +324,74 @@ TEST(Sm90Schedule, SplitUpPrefersTallWhereItsRowsCostLess) {
       const bool pad = 192 * int64_t(t0 - 1) >= real;
       const int64_t tall = 192 * int64_t(tall_tile_count(seg, pad));
       ASSERT_EQ(expert_prefers_tall(seg, pad), tall < seg) << "seg " << seg << " real " << real;
+    }
+  }
+}
+
+// The split rule's wave test (split_tall_cut), on layouts built from per-expert real counts
+// (segments padded to 128 rows, padding rows pair_row -1 at each segment's tail).
+struct SplitLayout {
+  std::vector<int64_t> offsets{0};
+  std::vector<int32_t> pair_row;
+  explicit SplitLayout(const std::vector<int>& counts) {
+    for (int n : counts) {
+      const int64_t seg = (int64_t(n) + 127) / 128 * 128;
+      for (int64_t r = 0; r < seg; ++r) pair_row.push_back(r < n ? int32_t(pair_row.size()) : -1);
+      offsets.push_back(offsets.back() + seg);
+    }
+  }
+  int cut(int blocks, int ctas) const {
+    return split_tall_cut(offsets.data(), pair_row.data(), int(offsets.size()) - 1, blocks, ctas);
+  }
+};
+TEST(Sm90Schedule, SplitWaveRuleTakesThePrefixThatFillsWaves) {
+  // The tile-edge counts of the SplitWaves GPU rows: per 8 experts, 129 and 192 rows are picked (one
+  // 192-row tile against a 256-row segment: 1 tall item and 2 freed per column block).
+  const int edges[8] = {64, 65, 1, 128, 129, 63, 192, 193};
+  std::vector<int> counts;
+  for (int e = 0; e < 40; ++e) counts.push_back(edges[e % 8]);
+  const SplitLayout l40(counts);
+  // 16 blocks: prefix m scores 396 ceil(16 m / 132) - 64 m: -116 at m = 8 (one full wave), above it
+  // at m = 9, 10. The 8th picked expert is 30.
+  EXPECT_EQ(l40.cut(16, 132), 31);
+  EXPECT_EQ(l40.cut(16, 1), 39);  // no wave test: every picked expert (the last is 38)
+  const SplitLayout l8(std::vector<int>(counts.begin(), counts.begin() + 8));
+  EXPECT_EQ(l8.cut(8, 132), 0);  // 2 picked, 16 items: a partial wave costs more than it frees
+  EXPECT_EQ(l8.cut(8, 1), 7);
+  // 12 experts of 520 rows (640-row segments, 3 tall tiles: 48 items against 80 freed each): the
+  // best prefix is 11 experts, 528 items = 4 waves of 132 exactly (score -176).
+  const SplitLayout l12(std::vector<int>(12, 520));
+  EXPECT_EQ(l12.cut(16, 132), 11);
+  // Nothing picked, nothing cut: empty experts and exact multiples of 128.
+  EXPECT_EQ(SplitLayout({0, 128, 512, 0}).cut(16, 132), 0);
+  EXPECT_EQ(SplitLayout({}).cut(16, 132), 0);
+}
+TEST(Sm90Schedule, SplitWaveRuleIsTheLeastScorePrefix) {
+  std::mt19937_64 rng(29);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int E = 1 + int(rng() % 80), mean = 64 + int(rng() % 1200), ctas = 1 + int(rng() % 160);
+    const int blocks = 1 + int(rng() % 24);
+    std::vector<int> counts(static_cast<size_t>(E));
+    for (int& n : counts) n = int(rng() % uint64_t(2 * mean));
+    const SplitLayout l(counts);
+    const int cut = l.cut(blocks, ctas);
+    // Brute force: the score of every prefix end (0 = none), the first of the least.
+    int64_t tall = 0, freed = 0, best = 0;
+    int want = 0;
+    for (int e = 0; e < E; ++e) {
+      const SplitExpert x = split_expert(l.offsets.data(), l.pair_row.data(), e, blocks);
+      ASSERT_EQ(x.picked, x.tall_items * 3 < x.freed_items * 2 && x.tall_items > 0) << "e " << e;
+      if (!x.picked) continue;
+      tall += x.tall_items, freed += x.freed_items;
+      const int64_t score = 3 * int64_t(ctas) * ((tall + ctas - 1) / ctas) - 2 * freed;
+      if (score < best) best = score, want = e + 1;
+    }
+    ASSERT_EQ(cut, want) << "trial " << trial;
+    if (ctas == 1) {  // every picked expert goes
+      int last = 0;
+      for (int e = 0; e < E; ++e)
+        if (split_expert(l.offsets.data(), l.pair_row.data(), e, blocks).picked) last = e + 1;
+      ASSERT_EQ(cut, last);
     }
   }
 }

@@ -343,25 +343,51 @@ void run_case(const Case& cs, CaseStats* stats) {
     // Rows UP writes: every row below the total, except that 192-row UP tiles (sm90_up_rows, and the
     // experts the split UP sends to them) leave a segment's padding rows past its last tall tile
     // unwritten (poison stays): nothing reads them into the output (DOWN masks padding rows by
-    // pair_row), which the output check confirms. (Where the split falls back to 128-row tiles for
-    // every expert, the exempted rows are written and simply not checked.)
+    // pair_row), which the output check confirms. The split's choice is checked exactly: its rule on
+    // the host (split_tall_cut) against the poison left in each picked expert's first uncovered row
+    // (every picked expert has >= 64 such rows). Where the split falls back to 128-row tiles for every
+    // expert (the global order), all those rows are written and none is counted tall.
     std::vector<char> written(size_t(total), 1);
+    namespace k90 = epmoe::kernels::sm90;
     const bool split = epmoe::kernels::sm90_up_split();
-    if (split && stats != nullptr) stats->split_tall_experts = 0;
+    const int split_cut = split ? k90::split_tall_cut(L.x.padded_offsets.data(), L.x.pair_row.data(), E, F / 128,
+                                                      epmoe::kernels::sm90_up_split_ctas())
+                                : 0;
+    std::vector<int64_t> host_tall_first_uncovered, host_kept_first_uncovered;  // (picked experts)
     if (epmoe::kernels::sm90_up_rows() == 192 || split) {
       for (int e = 0; e < E; ++e) {
         const int64_t seg = L.x.padded_offsets[e], rows = L.x.padded_offsets[e + 1] - seg;
         const int t0 = int((rows + 191) / 192);
         const bool pad = t0 > 0 && L.x.pair_row[size_t(seg + 192 * int64_t(t0 - 1))] < 0;
-        if (split && !epmoe::kernels::sm90::expert_prefers_tall(rows, pad)) continue;
-        if (split && stats != nullptr) ++stats->split_tall_experts;
-        const int tiles = epmoe::kernels::sm90::tall_tile_count(rows, pad);
+        const int tiles = k90::tall_tile_count(rows, pad);
         int64_t covered = 0;
-        for (int i = 0; i < tiles; ++i) covered += epmoe::kernels::sm90::tall_tile_rows(rows, i);
+        for (int i = 0; i < tiles; ++i) covered += k90::tall_tile_rows(rows, i);
+        if (split) {
+          if (!k90::split_expert(L.x.padded_offsets.data(), L.x.pair_row.data(), e, F / 128).picked) continue;
+          EXPECT_LT(covered, rows) << "a picked expert's tall tiles cover its whole segment";
+          (e < split_cut ? host_tall_first_uncovered : host_kept_first_uncovered).push_back(seg + covered);
+          if (e >= split_cut) continue;
+        }
         for (int64_t r = seg + covered; r < seg + rows; ++r) written[size_t(r)] = 0;
       }
     }
     const RowFetcher actf(d_act, F, total);
+    if (split) {
+      auto is_poison = [&](int64_t r) {
+        const std::vector<uint16_t> a = actf.row(r);
+        return std::all_of(a.begin(), a.end(), [](uint16_t v) { return v == 0xFFFF; });
+      };
+      int observed_tall = 0;
+      for (int64_t r : host_tall_first_uncovered) observed_tall += is_poison(r) ? 1 : 0;
+      // Either the split ran (every expert the host rule sends tall left its rows unwritten) or it
+      // fell back (none did); the experts the rule keeps on 128 are written either way.
+      EXPECT_TRUE(observed_tall == 0 || observed_tall == int(host_tall_first_uncovered.size()))
+          << observed_tall << " of " << host_tall_first_uncovered.size()
+          << " experts the host rule sends to the 192-row UP ran there";
+      for (int64_t r : host_kept_first_uncovered)
+        EXPECT_FALSE(is_poison(r)) << "act row " << r << ": an expert the split rule keeps on 128 rows ran tall";
+      if (stats != nullptr) stats->split_tall_experts = observed_tall;
+    }
     const std::vector<int64_t> rows = sample_indices(total, actf.bulk_mode ? int(total) : 512, 7);
     int64_t nan_count = 0, pad_nonzero = 0;
     for (int64_t r : rows) {

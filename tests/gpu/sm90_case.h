@@ -88,7 +88,8 @@ struct Case {
 };
 
 // What a run saw, for checks that belong to the caller: the experts the split UP
-// (EPMOE_SM90_UP_ROWS=split) sent to its 192-row half (-1: the split was not selected).
+// (EPMOE_SM90_UP_ROWS=split) ran in its 192-row half, as their unwritten act rows show (-1: the split
+// was not selected).
 struct CaseStats {
   int split_tall_experts = -1;
 };

@@ -440,7 +440,7 @@ const std::vector<Variant>& variants() {
       {"SplitSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 230),
        "expert", "EPMOE_SM90_UP_ROWS", "split"},
       {"SplitSmallNoTallE4K2H256F256T64", "0", "16", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 231), "expert",
-       "EPMOE_SM90_UP_ROWS", "split"},
+       "EPMOE_SM90_UP_ROWS", "split", nullptr, nullptr, 0},
       {"SplitSmallSeparateGatherTileEdgesE8K1H256F256T835", "0", "16",
        separate(with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 232)), "expert", "EPMOE_SM90_UP_ROWS", "split"},
       {"SplitSmallPairsTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 233),
@@ -464,6 +464,20 @@ const std::vector<Variant>& variants() {
       {"SplitSeparateNoPdlTileEdgesE8K1H1024F1024T835", "0", "16",
        with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 241, Mode::separate_no_pdl), "expert",
        "EPMOE_SM90_UP_ROWS", "split"},
+      // The split rule with its wave test (the default, EPMOE_SM90_UP_SPLIT_WAVES=on; split_cut_score):
+      // 40 tile-edge experts, 10 picked with 16 items each - on 132 SMs the rule takes the first 8 (128
+      // items, one wave) and keeps experts 36 and 38 on 128 rows; 8 experts, 2 picked with 8 items -
+      // none; the bench's uniform 7168/T=2k and a skewed E=64 hidden 4096 - whatever it picks (the
+      // harness checks every choice against the host rule).
+      {"SplitWavesPartialTileEdgesE40K1H1024F2048T4175", "0", "16",
+       with({40, 1, 1024, 2048, 4175, Route::tile_edges, 0, 64}, 242), "expert", "EPMOE_SM90_UP_ROWS", "split",
+       "EPMOE_SM90_UP_SPLIT_WAVES", "on"},
+      {"SplitWavesNoneTileEdgesE8K1H1024F1024T835", "0", "16", with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 243),
+       "expert", "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", 0},
+      {"SplitWavesUniformE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::uniform, 0, 16}, 244),
+       nullptr, "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
+      {"SplitWavesZipfE64K8H4096F768T4096", "0", "16", with({64, 8, 4096, 768, 4096, Route::zipf, 0, 16}, 245), nullptr,
+       "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
       // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
       // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
       // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,

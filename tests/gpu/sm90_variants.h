@@ -31,6 +31,9 @@ struct Variant {
   const char* value = nullptr;
   const char* knob2 = nullptr;  // and another
   const char* value2 = nullptr;
+  // Split UP rows (EPMOE_SM90_UP_ROWS=split): experts the 192-row half must run: 1 some, 0 none, -1
+  // either (the harness checks the device's choice against the host rule in every case).
+  int split_tall = 1;
 };
 // The rows (sm90_variants.cu).
 const std::vector<Variant>& variants();
