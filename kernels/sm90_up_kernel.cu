@@ -644,8 +644,8 @@ void sm90_up_launch(const ExpertProblem& p, cudaStream_t s) {
   const int nj = p.ffn / 128;
   // Split UP (sm90_up_split): this kernel skips the experts the split rule sends to the 192-row
   // UP, queued next. By expert only (the global order has no per-expert item counts to zero).
-  auto split_here = [&](bool by_expert) { return sm90_up_split() && by_expert && sm90_up_tall_split_ready(p); };
   const int split_ctas = sm90_up_split() ? sm90_up_split_ctas() : 0;  // (one read for both halves)
+  auto split_here = [&](bool by_expert) { return split_ctas > 0 && by_expert && sm90_up_tall_split_ready(p); };
   if (form == UpGatherForm::pairs) {
     // Pairs sharing the gathered A tile (sm90_up_pair_kernel), in the order the 128-row kernel would run.
     // Its units are single row tiles with nj / 2 column pairs each: the single-CTA plan over those.
