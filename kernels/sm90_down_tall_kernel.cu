@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (kt == 0) {
           const int2 slot_v = item_slots[s];
           const int64_t m0 = int64_t(slot_v.x) * 64;
-          const int rows = (slot_v.y >> kTallRowsShift) * 64;
+          const int rows = tall_slot_rows(slot_v.y);
 #pragma unroll
           for (int h = 0; h < 4; ++h) {
             const int r = (h < 2 ? 64 * c : 128) + 16 * warp + (lane >> 2) + 8 * (h & 1);

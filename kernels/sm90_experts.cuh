@@ -173,6 +173,11 @@ bool sm90_up_split();
 // sent only experts whose items fill its waves well enough to pay) | off (1: every expert
 // expert_prefers_tall picks). Read at each call.
 int sm90_up_split_ctas();
+// The 192-row UP (split or not) zeroes the 64 padding rows of act that follow an expert's last tall
+// tile (no tile covers them; the 128-row UP writes every padding row as zeros): EPMOE_SM90_UP_ZERO_GAP
+// = on (the default) | off (left unwritten: DOWN multiplies whatever an earlier call left there and
+// masks the result; the test harness reads the split's choice from their poison). Read at each call.
+bool sm90_up_zero_gap();
 // Launches the 192-row UP kernel and returns true, or returns false (nothing queued) when
 // sm90_up_rows() is 128, the driver rejects the interleaved W1 map,
 // or the schedule does not fit beside the 4 x 56 KB ring.

@@ -326,6 +326,9 @@ bool sm90_up_split() { return sm90_up_rows_mode() == 2; }
 int sm90_up_split_ctas() {
   return env_choice("EPMOE_SM90_UP_SPLIT_WAVES", "on", "off", true) ? sm90::device_sm_count() : 1;
 }
+// Default on (session 30): DOWN alone ran 0.894 ms after the 128-row UP against 0.904-0.909 after the
+// split (session 29, 7168/T=2k), whose uncovered rows held stale activations.
+bool sm90_up_zero_gap() { return env_choice("EPMOE_SM90_UP_ZERO_GAP", "on", "off", true); }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }
 }  // namespace epmoe::kernels

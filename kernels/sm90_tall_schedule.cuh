@@ -23,8 +23,11 @@ inline size_t tall_smem_bytes(int experts) {
   return 1024 + size_t(kStages) * kTallStageBytes + (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
 }
 // Item hand-off slot (producer -> consumers, per stage): {first row / 64, column block | (rows in the
-// segment / 64) << 28}.
-inline constexpr int kTallRowsShift = 28;
+// segment / 64) << 28 | gap << 30}; gap (the 192-row UP with EPMOE_SM90_UP_ZERO_GAP=on): the 64 rows
+// after this tile are the segment's padding that no tile covers, which the consumers zero.
+inline constexpr int kTallRowsShift = 28, kTallGapBit = 30;
+__host__ __device__ constexpr int tall_slot_rows(int y) { return ((y >> kTallRowsShift) & 3) * 64; }
+__host__ __device__ constexpr int tall_slot_block(int y) { return y & ((1 << kTallRowsShift) - 1); }
 #if EPMOE_SM90A_DEVICE
 struct TallItem {
   bool valid;
@@ -32,6 +35,7 @@ struct TallItem {
   int nb;      // column block
   int e;       // expert
   int rows;    // rows of the tile inside the expert's segment: 64, 128 or 192
+  int gap;     // rows of the segment after its last tile that no tile covers (0 or 64; last tile only)
 };
 // Warp 0 fills item_off[0..E] (exclusive prefix of the experts' items) and seg64[0..E] (segment
 // starts / 64), then a CTA barrier. Reads padded_offsets and pair_row (layout outputs, complete
@@ -70,7 +74,11 @@ __device__ __forceinline__ TallItem tall_item(int64_t w, const int32_t* item_off
   const int64_t seg = int64_t(seg64[t.e]) * 64;
   t.m0 = seg + int64_t(kTallRows) * s.tile;
   t.nb = s.nb;
-  t.rows = tall_tile_rows(int64_t(seg64[t.e + 1]) * 64 - seg, s.tile);
+  const int64_t seg_rows = int64_t(seg64[t.e + 1]) * 64 - seg;
+  t.rows = tall_tile_rows(seg_rows, s.tile);
+  // Past the last tile: seg_rows - covered, a multiple of 64 below 128 (the dropped or unpicked tile
+  // starts in the padding, and a 128-padded segment holds < 128 padding rows), so 0 or 64.
+  t.gap = s.tile == tiles - 1 ? int(seg_rows - int64_t(kTallRows) * s.tile - t.rows) : 0;
   return t;
 }
 // One ring stage of the 192 x 256 tile for a consumer warpgroup, between the caller's wgmma_fence
@@ -84,8 +92,8 @@ __device__ __forceinline__ void tall_stage_mma(float (&acc)[128], float (&acc2)[
     WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
   }
 }
-__device__ __forceinline__ int2 tall_slot(const TallItem& t) {
-  return make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift));
+__device__ __forceinline__ int2 tall_slot(const TallItem& t, bool zero_gap = false) {
+  return make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift) | (zero_gap && t.gap > 0 ? 1 << kTallGapBit : 0));
 }
 #endif
 

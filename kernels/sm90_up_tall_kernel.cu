@@ -22,8 +22,9 @@
 //
 // Tiles, schedule and ring as in sm90_down_tall_kernel.cu (sm90_tall_schedule.cuh): each segment
 // runs as ceil(real / 192) tiles; rows of a tile past its segment are computed and never stored, and
-// a segment's rows past its last tall tile (padding only) are never written - DOWN masks padding rows
-// by pair_row, so their act is never reduced. By expert, single CTAs, persistent; the producer
+// a segment's 64 rows past its last tall tile (padding only; no tile covers them) are zeroed by that
+// tile's consumers (store_gap_zeros; EPMOE_SM90_UP_ZERO_GAP=off leaves them unwritten) - DOWN masks
+// padding rows by pair_row, so their act is never reduced, but it multiplies them. By expert, single CTAs, persistent; the producer
 // decodes each item and zeroes its share of out (zero_out) as the 128-row UP does. PDL dependents
 // are released as the CTA starts, as there.
 //
@@ -71,6 +72,21 @@ __device__ __forceinline__ void store_act_half(__nv_bfloat16* __restrict__ act, 
       quad_transpose(wd, q);  // lane q: all 8 columns of group 4gi + q
       if (r < rows) st_global_16(dst + 32 * gi, wd);
     }
+  }
+}
+
+// Zeroes act rows [r, r + 64) x columns [col, col + 128): the padding rows after an expert's last tall
+// tile, which no tile covers (EPMOE_SM90_UP_ZERO_GAP=on). DOWN computes them and masks their output, so
+// zeros change no result; left stale they hold earlier calls' activations, which cost DOWN's MMA
+// more energy than zeros at the power cap (session 25: a zero row's MAC ~0.85 of a random one). Both
+// consumer warpgroups, 4 coalesced 16-byte stores per thread (16 KB).
+__device__ __forceinline__ void store_gap_zeros(__nv_bfloat16* __restrict__ act, int64_t r, int ffn, int col) {
+  const int i = int(threadIdx.x) - 128;  // 0..255
+  const uint32_t zero[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int chunk = i + 256 * j;  // 16 chunks of 8 columns per row
+    st_global_16(act + (r + (chunk >> 4)) * int64_t(ffn) + col + 8 * (chunk & 15), zero);
   }
 }
 
@@ -122,11 +138,12 @@ __device__ __forceinline__ void consume_tall_items(int items, int num_k, uint32_
 
     // ---------------- epilogue: SwiGLU, 16-byte stores of act (rows inside the segment) ----------------
     const int64_t m0 = int64_t(slot_v.x) * 64;
-    const int rows = (slot_v.y >> kTallRowsShift) * 64, col = (slot_v.y & ((1 << kTallRowsShift) - 1)) * 128;
+    const int rows = tall_slot_rows(slot_v.y), col = tall_slot_block(slot_v.y) * 128;
     const int r0 = 16 * warp + (lane >> 2);
     store_act_half(act, acc, acc + 32, tanh_form, m0, 64 * c + r0, rows, ffn, col, q);            // act [0, 64)
     store_act_half(act, acc + 64, acc + 96, tanh_form, m0, 64 * c + r0, rows, ffn, col + 64, q);  // [64, 128)
     store_act_half(act, acc2, acc2 + 32, tanh_form, m0, 128 + r0, rows, ffn, col + 64 * c, q);    // extra rows
+    if ((slot_v.y >> kTallGapBit) & 1) store_gap_zeros(act, m0 + kTallRows, ffn, col);
   }
 }
 
@@ -143,7 +160,7 @@ __device__ __forceinline__ void produce_tall_gathered(const CUtensorMap& tm_w1, 
                                                       int hidden, uint32_t sA, uint32_t sB, uint32_t full0,
                                                       uint32_t empty0, int2* item_slots, const int32_t* item_off,
                                                       const int32_t* seg64, int experts, int nn, int group,
-                                                      ZeroPlan& zero, bool split) {
+                                                      ZeroPlan& zero, bool split, bool zero_gap) {
   const int t = int(threadIdx.x);  // 0..127
   const int c0 = t & 1, rg = t >> 1;
   const uint32_t a_dst = sA + uint32_t(rg) * 128;
@@ -172,7 +189,7 @@ __device__ __forceinline__ void produce_tall_gathered(const CUtensorMap& tm_w1, 
       const uint32_t s = it % kStages, full = full0 + 8 * s;
       if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
       if (t == 0) {
-        if (kt == 0) item_slots[s] = tall_slot(ti);
+        if (kt == 0) item_slots[s] = tall_slot(ti, zero_gap);
         mbar_arrive_expect_tx(full, kBTileBytes);
         tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * ti.e, 2 * ti.nb);
       }
@@ -204,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                         __nv_bfloat16* __restrict__ act, int experts, int hidden, int ffn, int group_tiles,
                         __nv_bfloat16* __restrict__ zero_out, int64_t zero_chunks, int silu_tanh_form,
-                        const __nv_bfloat16* __restrict__ x, int64_t x_rows, int split_ctas) {
+                        const __nv_bfloat16* __restrict__ x, int64_t x_rows, int split_ctas, int zero_gap_in) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];
@@ -224,6 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_fence_init();
   }
   const bool split = split_ctas > 0;  // the split UP's 192-row half (its rule's CTA count)
+  const bool zero_gap = zero_gap_in != 0;
   build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64, split_ctas);  // (ends in a CTA barrier)
   const int64_t items = item_off[experts];
   ZeroPlan zero = make_zero_plan<false>(zero_out, zero_chunks, items);
@@ -240,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kTallUpProducerRegs>();
     if (x != nullptr) {
       produce_tall_gathered(tm_w1, x, x_rows, pair_row, hidden, sA, sB, full0, empty0, item_slots, item_off, seg64,
-                            experts, nn, group, zero, split);
+                            experts, nn, group, zero, split, zero_gap);
       split_up_finish(split);
       return;
     }
@@ -260,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kt = 0; kt < num_k; ++kt, ++it) {
           const uint32_t s = it % kStages, full = full0 + 8 * s;
           if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
-          if (kt == 0) item_slots[s] = tall_slot(t);
+          if (kt == 0) item_slots[s] = tall_slot(t, zero_gap);
           mbar_arrive_expect_tx(full, kTallStageBytes);
           tma_load_2d(sA + s * kTallATileBytes, &tm_xs, full, kt * kBK, int(t.m0));
           tma_load_4d(sB + s * kBTileBytes, &tm_w1, full, kt * kBK, 0, 2 * t.e, 2 * t.nb);
@@ -278,7 +296,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)padded_offsets, (void)pair_row, (void)act, (void)experts, (void)hidden, (void)ffn, (void)group_tiles,
-      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows, (void)split_ctas;
+      (void)zero_out, (void)zero_chunks, (void)silu_tanh_form, (void)x, (void)x_rows, (void)split_ctas,
+      (void)zero_gap_in;
 #endif
 }
 
@@ -313,7 +332,7 @@ void launch_tall_up(const ExpertProblem& p, const TallUpArgs& a, cudaStream_t s,
   sm90_launch(sm90_up_tall_kernel, /*cluster=*/false, /*pdl=*/split, a.items, a.smem, s, "sm90_up_tall_launch",
               a.tm_xs, a.tm_w1, p.padded_offsets, p.pair_row, p.act, p.experts, p.hidden, p.ffn, sm90_group_tiles(),
               zero ? p.out : nullptr, zero ? p.out_rows * int64_t(p.hidden) / 8 : int64_t(0),
-              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows, split_ctas);
+              sm90_up_silu_tanh() ? 1 : 0, p.x, p.x_rows, split_ctas, sm90_up_zero_gap() ? 1 : 0);
 }
 }  // namespace
 

@@ -340,16 +340,20 @@ void run_case(const Case& cs, CaseStats* stats) {
 
   // ---- act: NaN-free below the total, padding rows zero, sampled rows vs host SwiGLU ----
   {
-    // Rows UP writes: every row below the total, except that 192-row UP tiles (sm90_up_rows, and the
-    // experts the split UP sends to them) leave a segment's padding rows past its last tall tile
-    // unwritten (poison stays): nothing reads them into the output (DOWN masks padding rows by
-    // pair_row), which the output check confirms. The split's choice is checked exactly: its rule on
+    // Rows UP writes: every row below the total. 192-row UP tiles (sm90_up_rows, and the experts the
+    // split UP sends to them) leave the 64 padding rows past a segment's last tall tile to the tile's
+    // consumers, which zero them (sm90_up_zero_gap, the default: checked here, first and last row of
+    // each such gap, and in the sampled rows below) or, with the knob off, leave them unwritten
+    // (poison stays): nothing reads them into the output (DOWN masks padding rows by pair_row), which
+    // the output check confirms. With the knob off the split's choice is checked exactly: its rule on
     // the host (split_tall_cut) against the poison left in each picked expert's first uncovered row
     // (every picked expert has >= 64 such rows). Where the split falls back to 128-row tiles for every
     // expert (the global order), all those rows are written and none is counted tall.
     std::vector<char> written(size_t(total), 1);
     namespace k90 = epmoe::kernels::sm90;
     const bool split = epmoe::kernels::sm90_up_split();
+    const bool zero_gap = epmoe::kernels::sm90_up_zero_gap();
+    std::vector<int64_t> gap_ends;  // first and last uncovered row of each expert run on 192-row tiles
     const int split_cut = split ? k90::split_tall_cut(L.x.padded_offsets.data(), L.x.pair_row.data(), E, F / 128,
                                                       epmoe::kernels::sm90_up_split_ctas())
                                 : 0;
@@ -368,11 +372,20 @@ void run_case(const Case& cs, CaseStats* stats) {
           (e < split_cut ? host_tall_first_uncovered : host_kept_first_uncovered).push_back(seg + covered);
           if (e >= split_cut) continue;
         }
-        for (int64_t r = seg + covered; r < seg + rows; ++r) written[size_t(r)] = 0;
+        if (covered < rows) gap_ends.insert(gap_ends.end(), {seg + covered, seg + rows - 1});
+        if (!zero_gap)
+          for (int64_t r = seg + covered; r < seg + rows; ++r) written[size_t(r)] = 0;
       }
     }
     const RowFetcher actf(d_act, F, total);
-    if (split) {
+    for (int64_t r : gap_ends) {
+      EXPECT_LT(L.x.pair_row[size_t(r)], 0) << "act row " << r << " is real but no 192-row tile covers it";
+      if (!zero_gap) continue;
+      const std::vector<uint16_t> a = actf.row(r);
+      EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](uint16_t v) { return v == 0 || v == 0x8000; }))
+          << "act row " << r << ": padding after an expert's last tall tile not zeroed (EPMOE_SM90_UP_ZERO_GAP=on)";
+    }
+    if (split && !zero_gap) {
       auto is_poison = [&](int64_t r) {
         const std::vector<uint16_t> a = actf.row(r);
         return std::all_of(a.begin(), a.end(), [](uint16_t v) { return v == 0xFFFF; });

@@ -478,6 +478,23 @@ const std::vector<Variant>& variants() {
        nullptr, "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
       {"SplitWavesZipfE64K8H4096F768T4096", "0", "16", with({64, 8, 4096, 768, 4096, Route::zipf, 0, 16}, 245), nullptr,
        "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
+      // The 192-row UP zeroing the padding rows after an expert's last tall tile (EPMOE_SM90_UP_ZERO_GAP=on,
+      // the default; the rows above pin it off to see the split's choice): the harness checks those
+      // rows are zero. 192 rows everywhere, gathering and from xs (small: the sanitizers run them too),
+      // and the split (its choice then unobservable: -1) on tile edges, graph replays with in-kernel
+      // zeroing, and the bench's skewed 7168/T=2k.
+      {"ZeroGapTallUpSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 250),
+       nullptr, "EPMOE_SM90_UP_ROWS", "192", "EPMOE_SM90_UP_ZERO_GAP", "on"},
+      {"ZeroGapTallUpSmallSeparateGatherTileEdgesE8K1H256F256T835", "0", "16",
+       separate(with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 251)), nullptr, "EPMOE_SM90_UP_ROWS", "192",
+       "EPMOE_SM90_UP_ZERO_GAP", "on"},
+      {"ZeroGapSplitSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 252),
+       "expert", "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_ZERO_GAP", "on", -1},
+      {"ZeroGapSplitGraphCapturedZeroOutTileEdgesE8K1H1024F1024T835", "0", "16",
+       zero_in_up(with({8, 1, 1024, 1024, 835, Route::tile_edges, 128, 64}, 253, Mode::graph)), "expert",
+       "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_ZERO_GAP", "on", -1},
+      {"ZeroGapSplitZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 254), nullptr,
+       "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_ZERO_GAP", "on", -1},
       // The gathering UP as pairs sharing the A tile (EPMOE_SM90_UP_SHARE_A=on, sm90_up_pair_kernel):
       // small cases for the sanitizers (one item per cluster; many: the ring, the forwarded halves and
       // the staging reused), tile edges (padding rows in either CTA's half), skew with empty experts,

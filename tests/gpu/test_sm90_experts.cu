@@ -215,6 +215,10 @@ TEST_P(Sm90Variant, MatchesReference) {
   // The split rows run the split rule without its wave test (every picked expert goes tall), so that
   // small problems put experts in both halves; the SplitWaves rows name EPMOE_SM90_UP_SPLIT_WAVES.
   EnvGuard split_waves("EPMOE_SM90_UP_SPLIT_WAVES", "off");
+  // ... and leave the 192-row tiles' uncovered padding rows unwritten, where the harness reads the
+  // split's choice from their poison (the named cases run the default: zeroed, and checked so); the
+  // ZeroGap rows name EPMOE_SM90_UP_ZERO_GAP.
+  EnvGuard zero_gap("EPMOE_SM90_UP_ZERO_GAP", "off");
   EnvGuard knob(GetParam().knob, GetParam().value);
   EnvGuard knob2(GetParam().knob2, GetParam().value2);
   CaseStats stats;
