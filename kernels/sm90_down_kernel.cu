@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
                      int hidden, int ffn, int group_tiles, int by_expert, int staged_epi, int tail_split,
-                     int pad_halves, int flush_step, int early_decode) {
+                     int pad_halves, int flush_step, int early_decode, int split_ctas) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -83,10 +83,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   int32_t* stage_rows = reinterpret_cast<int32_t*>(staging + 2 * kStageHalfBytes);  // [2][64] out rows
   int2* stage_hdr = reinterpret_cast<int2*>(stage_rows + 128);                        // [2] (n0, compute)
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + (staged_epi ? kDownStagingBytes : 0)) : nullptr;
+  // Split DOWN (split_ctas > 0, by expert only): the experts the split rule sends to the 192-row DOWN,
+  // queued next (PDL), get no items here; this grid releases it once thread 0 of every CTA has seen
+  // the UP grid complete, since that kernel reads act without a wait of its own.
+  const bool split = split_ctas > 0;
+  const int nn_all = (hidden + kBN - 1) / kBN;
   const WorkGrid grid =
-      make_work_grid<kCluster>((hidden + kBN - 1) / kBN, padded_offsets, experts, group_tiles, sched,
-                               tail_split != 0 ? work_stride<kCluster>() : 0);
-  if (work_first<kCluster>() >= grid.items) return;  // no work (in a cluster: both CTAs alike)
+      make_work_grid<kCluster>(nn_all, padded_offsets, experts, group_tiles, sched,
+                               tail_split != 0 ? work_stride<kCluster>() : 0,
+                               split ? SplitRule{pair_row, nn_all, split_ctas} : SplitRule{});
+  if (work_first<kCluster>() >= grid.items) {  // no work (in a cluster: both CTAs alike)
+    if (split && threadIdx.x == 0) grid_dependency_wait();  // (see above: exiting releases the 192-row half)
+    return;
+  }
 
   const uint32_t sA = smem_u32(ring);                  // kStages x [128 rows][64] bf16 (act)
   const uint32_t sB = sA + kStages * kATileBytes;      // kStages x [256 rows][64] bf16 (W2)
@@ -133,6 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                   grid.rank);
         }
         grid_dependency_wait();  // act is complete and visible from here on
+        if (split) grid_launch_dependents();  // the 192-row half may start (see above)
         for (int p = 0; p < npre; ++p)
           tma_load_2d(sA + p * kATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(wi.load_m0));
       };
@@ -328,7 +338,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
       (void)group_tiles, (void)by_expert, (void)staged_epi, (void)tail_split, (void)pad_halves, (void)flush_step,
-      (void)early_decode;
+      (void)early_decode, (void)split_ctas;
 #endif
 }
 
@@ -348,11 +358,15 @@ void sm90_down_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const bool staged = sm90_down_staged_epilogue();
   const Sm90LaunchPlan plan = sm90_launch_plan(tiles, p.experts, p.hidden, nn, cluster, staged ? kDownStagingBytes : 0);
   const bool pad_halves = sm90_skip_pad_halves(tiles, p.experts, p.ffn, plan.items, cluster);
+  // Split DOWN (EPMOE_SM90_DOWN_ROWS=split): by expert only, where the 192-row DOWN can run.
+  const bool split = sm90_down_split() && plan.by_expert && sm90_down_tall_split_ready(p);
+  const int split_ctas = split ? sm90_up_split_ctas() : 0;
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, plan.items, plan.smem, s,
               "sm90_down_launch", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
               p.hidden, p.ffn, sm90_group_tiles(), plan.by_expert ? 1 : 0, staged ? 1 : 0,
               sm90_tail_split_in(plan.by_expert, sm90_tail_split()) ? 1 : 0, pad_halves ? 1 : 0,
-              sm90_down_flush_step(p.ffn / kBK), sm90_early_decode());
+              sm90_down_flush_step(p.ffn / kBK), sm90_early_decode(), split_ctas);
+  if (split) sm90_down_tall_split_launch(p, s, split_ctas);
 }
 
 void sm90_experts_launch(const ExpertProblem& p, cudaStream_t s) {

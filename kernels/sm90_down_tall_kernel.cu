@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_tall_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                           const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                           const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                          int hidden, int ffn, int group_tiles) {
+                          int hidden, int ffn, int group_tiles, int split_ctas) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ __align__(8) uint64_t staged[2];          // consumer warpgroup c's staging slot is written
@@ -87,9 +87,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int c = 0; c < 2; ++c) mbar_init(staged0 + 8 * c, 128);
     mbar_fence_init();
   }
-  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64);  // (ends in a CTA barrier)
+  // Split DOWN (split_ctas > 0): only the experts the rule sends here (SplitRule over nn column
+  // blocks, as the 128-row half counts them). This grid is PDL-launched once every CTA of the
+  // 128-row half has seen the UP grid complete (griddepcontrol.wait there), so act and the zeroing
+  // of out are complete: no wait up front. Thread 0 of every CTA waits for the 128-row half before
+  // leaving, so this grid completes after it and whatever waits on this grid sees all of out.
+  const bool split = split_ctas > 0;
+  build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64, split_ctas);  // (ends in a CTA barrier)
   const int64_t items = item_off[experts];
-  if (int64_t(blockIdx.x) >= items) return;
+  if (int64_t(blockIdx.x) >= items) {
+    if (split && threadIdx.x == 0) grid_dependency_wait();
+    return;
+  }
   const int wg = int(threadIdx.x / 128);
 
   if (wg == 0) {
@@ -97,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_dec<kTallProducerRegs>();
     if (threadIdx.x >= 32) {
       // ---------------- reducers (warps 1..3): the staging slots -> out ----------------
-      grid_dependency_wait();  // out is written only after the UP grid (and the zeroing before it)
+      if (!split) grid_dependency_wait();  // out is written only after the UP grid (and the zeroing before it)
       const int rw = int(threadIdx.x / 32) - 1, lane = int(threadIdx.x & 31), j = lane & 15;
       uint32_t it = 0, ph = 0;
       for (int64_t w = blockIdx.x; w < items; w += gridDim.x, ++ph) {
@@ -145,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_arrive_expect_tx(full0 + 8 * p, kTallStageBytes);
       tma_load_3d(sB + p * kBTileBytes, &tm_w2, full0 + 8 * p, p * kBK, cur.nb * kBN, cur.e);
     }
-    grid_dependency_wait();  // act is complete and visible from here on
+    if (!split) grid_dependency_wait();  // act is complete and visible from here on
     for (int p = 0; p < npre; ++p) tma_load_2d(sA + p * kTallATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(cur.m0));
     uint32_t it = uint32_t(npre);
     int kt = npre;
@@ -171,6 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       w += gridDim.x;
       kt = 0;
     }
+    if (split) grid_dependency_wait();  // (see the schedule: complete after the 128-row half)
   } else {
     // ---------------- consumers ----------------
     setmaxnreg_inc<kTallConsumerRegs>();
@@ -238,17 +248,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)group_tiles;
+      (void)group_tiles, (void)split_ctas;
 #endif
 }
 
 }  // namespace sm90
 
-bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
+namespace {
+// Whether the 192-row DOWN can run for p: its staging needs >= 3 k steps per item, and its schedule
+// must fit in shared memory beside the ring.
+bool down_tall_fits(const ExpertProblem& p) {
   using namespace sm90;
-  if (sm90_down_rows() != kTallRows || p.ffn / kBK < 3) return false;  // staging needs >= 3 k steps per item
+  return p.ffn / kBK >= 3 && tall_smem_bytes(p.experts) <= kMaxDynSmemBytes - kTallStaticSmemReserve;
+}
+void launch_down_tall(const ExpertProblem& p, cudaStream_t s, bool pdl, int split_ctas) {
+  using namespace sm90;
   const size_t smem = tall_smem_bytes(p.experts);
-  if (smem > kMaxDynSmemBytes - kTallStaticSmemReserve) return false;
   const int nn = (p.hidden + kBN - 1) / kBN;
   // Items: at most ceil(P_e / 192) tiles per expert, sum <= capacity / 192 + E.
   const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;
@@ -256,8 +271,23 @@ bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
   sm90_launch(sm90_down_tall_kernel, /*cluster=*/false, pdl, tiles * nn, smem, s, "sm90_down_tall_launch", tm_act,
               tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts, p.hidden, p.ffn,
-              sm90_group_tiles());
+              sm90_group_tiles(), split_ctas);
+}
+}  // namespace
+
+bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl) {
+  if (sm90_down_rows() != sm90::kTallRows || !down_tall_fits(p)) return false;
+  launch_down_tall(p, s, pdl, /*split_ctas=*/0);
   return true;
+}
+
+bool sm90_down_tall_split_ready(const ExpertProblem& p) { return down_tall_fits(p); }
+
+void sm90_down_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas) {
+  EPMOE_CHECK(down_tall_fits(p), ErrorCode::internal, "sm90_down_tall_split_launch: the 192-row DOWN cannot run "
+              "here (check sm90_down_tall_split_ready before the 128-row half)");
+  EPMOE_CHECK(split_ctas > 0, ErrorCode::internal, "sm90_down_tall_split_launch: split_ctas must be > 0");
+  launch_down_tall(p, s, /*pdl=*/true, split_ctas);
 }
 
 }  // namespace epmoe::kernels

@@ -187,8 +187,17 @@ bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 bool sm90_up_tall_split_ready(const ExpertProblem& p);
 void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas);  // (as the 128-row half's)
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
-// tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert). Read at each call.
+// tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert) | split
+// (sm90_down_split). sm90_down_rows() is 192 for "192" only. Read at each call.
 int sm90_down_rows();
+// EPMOE_SM90_DOWN_ROWS=split (opt-in): as the split UP, over DOWN's column blocks (hidden / 256) with
+// sm90_up_split_ctas' CTA count - the 128-row DOWN skips the experts the rule picks and releases the
+// 192-row DOWN (PDL) once it has seen the UP grid complete; by expert only, else every expert on 128.
+bool sm90_down_split();
+// The split DOWN's 192-row half: whether it can run for p (checked before the 128-row half is queued)
+// and its launch (PDL after the 128-row half, which must have been queued with the same split_ctas).
+bool sm90_down_tall_split_ready(const ExpertProblem& p);
+void sm90_down_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas);
 // Launches the 192-row DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
 // returns false (nothing queued) when sm90_down_rows() is 128, ffn < 192 (its staging in the ring needs
 // three k steps per item), or its schedule does not fit in shared memory beside the 4 x 56 KB ring

@@ -305,7 +305,11 @@ bool sm90_up_pair_tail_split() {
 int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compute", "skip", "auto"}, 2); }
 // Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
 // T=8k / 2048/T=16k; docs/PERF.md).
-int sm90_down_rows() { return env_choice("EPMOE_SM90_DOWN_ROWS", "192", "128", false) ? 192 : 128; }
+// split (opt-in, session 30): the experts the split rule picks (as the split UP's, over DOWN's column
+// blocks) on the 192-row DOWN, the rest on the 128-row DOWN, which runs first (PDL).
+static int sm90_down_rows_mode() { return env_choice3("EPMOE_SM90_DOWN_ROWS", {"128", "192", "split"}, 0); }
+int sm90_down_rows() { return sm90_down_rows_mode() == 1 ? 192 : 128; }
+bool sm90_down_split() { return sm90_down_rows_mode() == 2; }
 // The 192-row UP alone (gathering from x, session 28; opt-in "192"): steady-state blocks of the layer
 // 7168/T=2k 0.9804 (4/4) and 0.9855 (5/6; A/A 0.9994), 7168/T=8k 0.9948 / 0.9996, 2048/T=16k 1.0097
 // (docs/PERF.md, session 28). Alone it is no default: the rows its tiles cover swing with the

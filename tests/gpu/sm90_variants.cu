@@ -478,6 +478,29 @@ const std::vector<Variant>& variants() {
        nullptr, "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
       {"SplitWavesZipfE64K8H4096F768T4096", "0", "16", with({64, 8, 4096, 768, 4096, Route::zipf, 0, 16}, 245), nullptr,
        "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
+      // The split DOWN (EPMOE_SM90_DOWN_ROWS=split, opt-in: the 128-row DOWN then the 192-row DOWN, PDL,
+      // the latter without an up-front wait; the wave test pinned off, so every picked expert goes
+      // tall): tile edges (small: the sanitizers), one expert of 1700 rows (the 128-row half has no
+      // item: its CTAs wait for UP before they leave), with the split UP on the bench shape, weight-
+      // multicast clusters, graph replays with in-kernel zeroing, separate launches without PDL into
+      // DOWN, one CTA per item.
+      {"SplitDownSmallTileEdgesE8K1H256F256T835", "0", "16", with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 260),
+       "expert", "EPMOE_SM90_DOWN_ROWS", "split", nullptr, nullptr, -1},
+      {"SplitDownSmallOneExpertE4K1H256F256T1700", "0", "16", with({4, 1, 256, 256, 1700, Route::one_expert, 0, 64}, 261),
+       "expert", "EPMOE_SM90_DOWN_ROWS", "split", nullptr, nullptr, -1},
+      {"SplitDownSplitUpZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 262),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "split", "EPMOE_SM90_UP_ROWS", "split", -1},
+      {"SplitDownClusterUniformE8K4H7168F2048T1024", "1", "16", with({8, 4, 7168, 2048, 1024, Route::uniform, 0, 12}, 263),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "split", nullptr, nullptr, -1},
+      {"SplitDownGraphCapturedZeroOutTileEdgesE8K1H1024F1024T835", "0", "16",
+       zero_in_up(with({8, 1, 1024, 1024, 835, Route::tile_edges, 128, 64}, 264, Mode::graph)), "expert",
+       "EPMOE_SM90_DOWN_ROWS", "split", nullptr, nullptr, -1},
+      {"SplitDownSeparateNoPdlTileEdgesE8K1H1024F1024T835", "0", "16",
+       with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 265, Mode::separate_no_pdl), "expert",
+       "EPMOE_SM90_DOWN_ROWS", "split", nullptr, nullptr, -1},
+      {"SplitDownNonPersistentTileEdgesE8K1H1024F1024T835", "0", "16",
+       with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 266), "expert", "EPMOE_SM90_DOWN_ROWS", "split",
+       "EPMOE_SM90_PERSISTENT", "0", -1},
       // The 192-row UP zeroing the padding rows after an expert's last tall tile (EPMOE_SM90_UP_ZERO_GAP=on,
       // the default; the rows above pin it off to see the split's choice): the harness checks those
       // rows are zero. 192 rows everywhere, gathering and from xs (small: the sanitizers run them too),
