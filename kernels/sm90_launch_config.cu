@@ -306,7 +306,10 @@ int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compu
 // Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
 // T=8k / 2048/T=16k; docs/PERF.md).
 // split (opt-in, session 30): the experts the split rule picks (as the split UP's, over DOWN's column
-// blocks) on the 192-row DOWN, the rest on the 128-row DOWN, which runs first (PDL).
+// blocks) on the 192-row DOWN, the rest on the 128-row DOWN, which runs first (PDL). Not the default:
+// steady-state blocks 128 -> split 0.9880 (3/6) then 1.0056 (5/10; A/A 0.9996) at 7168/T=2k (DOWN
+// alone 0.886 -> 0.875 ms), 1.0233 (1/6) at T=4k, 1.0134 (0/6) at E=64 4096/768 T=4k, 0.9937 / 0.9974
+// at T=8k: the 192-row DOWN's dearer rows (+3-10%, session 27) eat the padding it saves.
 static int sm90_down_rows_mode() { return env_choice3("EPMOE_SM90_DOWN_ROWS", {"128", "192", "split"}, 0); }
 int sm90_down_rows() { return sm90_down_rows_mode() == 1 ? 192 : 128; }
 bool sm90_down_split() { return sm90_down_rows_mode() == 2; }
@@ -330,8 +333,10 @@ bool sm90_up_split() { return sm90_up_rows_mode() == 2; }
 int sm90_up_split_ctas() {
   return env_choice("EPMOE_SM90_UP_SPLIT_WAVES", "on", "off", true) ? sm90::device_sm_count() : 1;
 }
-// Default on (session 30): DOWN alone ran 0.894 ms after the 128-row UP against 0.904-0.909 after the
-// split (session 29, 7168/T=2k), whose uncovered rows held stale activations.
+// Default on (session 30): act's padding rows are all zero, as after the 128-row UP. Built to test
+// whether the stale rows slowed DOWN (session 29: 0.894 ms after the 128-row UP, 0.904-0.909 after the
+// split): they did not - layer off -> on 0.9969 (3/6, A/A 1.0008), DOWN alone 0.892 / 0.897 -> 0.897 /
+// 0.900 ms, and with the zeroing on DOWN alone after the 128-row UP and the split alike (0.877-0.889).
 bool sm90_up_zero_gap() { return env_choice("EPMOE_SM90_UP_ZERO_GAP", "on", "off", true); }
 // Default async; steady-state blocks (session 15) async -> wait 1.0564 / 1.0537 / 1.0170.
 bool sm90_gather_async_arrive() { return env_choice("EPMOE_SM90_GATHER_ARRIVE", "async", "wait", true); }

@@ -24,8 +24,8 @@
 // runs as ceil(real / 192) tiles; rows of a tile past its segment are computed and never stored, and
 // a segment's 64 rows past its last tall tile (padding only; no tile covers them) are zeroed by that
 // tile's consumers (store_gap_zeros; EPMOE_SM90_UP_ZERO_GAP=off leaves them unwritten) - DOWN masks
-// padding rows by pair_row, so their act is never reduced, but it multiplies them. By expert, single CTAs, persistent; the producer
-// decodes each item and zeroes its share of out (zero_out) as the 128-row UP does. PDL dependents
+// padding rows by pair_row, so their act is never reduced, but it multiplies them. By expert, single
+// CTAs, persistent; the producer decodes each item and zeroes its share of out (zero_out) as the 128-row UP does. PDL dependents
 // are released as the CTA starts, as there.
 //
 // A rows: from xs by TMA (p.x null: gather_rows ran first), or gathered from the token-ordered x
@@ -77,9 +77,10 @@ __device__ __forceinline__ void store_act_half(__nv_bfloat16* __restrict__ act, 
 
 // Zeroes act rows [r, r + 64) x columns [col, col + 128): the padding rows after an expert's last tall
 // tile, which no tile covers (EPMOE_SM90_UP_ZERO_GAP=on). DOWN computes them and masks their output, so
-// zeros change no result; left stale they hold earlier calls' activations, which cost DOWN's MMA
-// more energy than zeros at the power cap (session 25: a zero row's MAC ~0.85 of a random one). Both
-// consumer warpgroups, 4 coalesced 16-byte stores per thread (16 KB).
+// zeros change no result; left unwritten they hold whatever an earlier call left (stale activations,
+// or NaNs in a fresh workspace), so act's padding is zero everywhere as after the 128-row UP. Measured
+// neutral at 7168/T=2k (session 30). Both consumer warpgroups, 4 coalesced 16-byte stores per thread
+// (16 KB).
 __device__ __forceinline__ void store_gap_zeros(__nv_bfloat16* __restrict__ act, int64_t r, int ffn, int col) {
   const int i = int(threadIdx.x) - 128;  // 0..255
   const uint32_t zero[4] = {0u, 0u, 0u, 0u};
