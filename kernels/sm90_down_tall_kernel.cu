@@ -8,16 +8,19 @@
 // the same two do it: warpgroup c runs rows [64c, 64c + 64) against the whole 256-row W2 box
 // (m64n256, 128 accumulators) and the tile's rows [128, 192) against its own half of the box, columns
 // [128c, 128c + 128) (m64n128, 64 more). 192 accumulators need the consumers at 232 registers, so
-// the producer warpgroup keeps 40. The epilogue is staged as the 128-row kernel's (weighted bf16
-// halves stored with stmatrix, reduced into out by warps 1..3 of the producer warpgroup with 16-byte
-// reds while the tensor cores run the next item), but no separate staging buffer fits beside a
-// 4 x 56 KB ring: each consumer warpgroup stages its 48 KB in a ring slot of the item's last two k
-// steps, which the reducers, not the consumers, hand back to the producer. Reducing from registers
-// instead (the "direct" form) cost this kernel ~11% at 7168/T=2k (docs/PERF.md, session 27).
-// Measured (session 27, S27-6): correct, but slower than the 128-row kernel - DOWN alone +3.7% /
-// +7.5% / +9.9% at 7168/T=2k / T=8k / 2048/T=16k: while the reducers drain an item's two slots the
-// ring is two stages deep at the next item's start, and its loads stall. Hence opt-in; it is the
-// base of a tall UP, whose epilogue (half the bytes, no reductions) fits a buffer of its own.
+// the producer warpgroup keeps 40, and no packed output fits beside them (the 128-row kernel holds
+// half of its output in registers into the next item).
+// Epilogue (session 31): a 3-deep ring of 56 KB stages leaves 48 KB for a staging buffer of its
+// own. A warpgroup stores its weighted bf16 output (48 KB: three 64 x 128 halves, stmatrix) there
+// and goes on to the next item; warps 1..3 of the producer warpgroup reduce it into out with
+// 16-byte reds. The buffer takes one warpgroup's output at a time (warpgroup 0's, then 1's), so
+// warpgroup 1 waits for warpgroup 0's drain while warpgroup 0 runs the next item's first k steps
+// alone (one warpgroup's m64n256 chain fills the tensor pipe, S24-2); the ring's slots never wait
+// for the reducers.
+// Earlier forms (docs/PERF.md, session 27): the reds from registers ("direct") cost ~11% at
+// 7168/T=2k against no epilogue; staged in the ring slots of an item's last two k steps (drained by
+// the reducers, a 4-deep ring) the loads stalled at the next item's start: DOWN alone +3.7% /
+// +7.5% / +9.9% over the 128-row kernel at 7168/T=2k / T=8k / 2048/T=16k.
 //
 // Tiles: the layout is unchanged (segments padded to 128 rows). Expert e's segment [seg, seg + P)
 // holds n real rows, then padding; it runs as t = ceil(n / 192) tiles at seg + 192 j. The schedule
@@ -42,22 +45,22 @@ namespace sm90 {
 
 // Static shared memory (barriers, item slots, the reducers' row table) the opt-in limit also covers.
 inline constexpr size_t kTallStaticSmemReserve = 1024;
-// Staging in the ring: warpgroup c's output of an item goes into the slot of the item's k step
-// num_k - 2 + c (56 KB): its 64 rows' two 128-column halves and its 64 x 128 extra rows as three
-// 16 KB halves (stmatrix layout, sm90_down_staging.cuh), the first in the A part, two in the B part.
-// The reducers decode the item themselves and read its rows' out rows into shared memory while the
-// consumers still run its main loop. Needs num_k >= 3 (a slot is rewritten only after the reducers
-// release it; with two stages per item a warpgroup could stage twice before they read once).
-inline constexpr uint32_t kTallEpiBarrier = 1;     // named barrier of the two consumer warpgroups
+// A 3-deep ring of 56 KB stages leaves room for a 48 KB staging buffer: one consumer warpgroup's
+// output of an item (its 64 rows' two 128-column halves and its 64 x 128 extra rows, three 16 KB
+// halves in the stmatrix layout of sm90_down_staging.cuh). A tall k step is 1.5x a 128-row one, so
+// 1.5 stages of lookahead here cover about the 128-row kernel's 2.5 (session 27's tool: a 3-deep
+// tall ring equal to the 4-deep one with L2-resident operands, -3% with the weights from DRAM).
+inline constexpr int kTallDownStages = 3;
+inline constexpr uint32_t kTallStagingBytes = 3 * kStageHalfBytes;
 inline constexpr uint32_t kTallReduceBarrier = 2;  // named barrier of the reducer warps
-static_assert(kTallATileBytes >= kStageHalfBytes && kBTileBytes == 2 * kStageHalfBytes,
-              "the staged halves fit a ring slot");
+static_assert(kTallStagingBytes % 1024 == 0, "the staging buffer keeps the schedule after it aligned");
 
-#if EPMOE_SM90A_DEVICE
-__device__ __forceinline__ uint32_t tall_chunk(uint32_t sA, uint32_t sB, uint32_t slot, int chunk) {
-  return chunk == 0 ? sA + slot * kTallATileBytes : sB + slot * kBTileBytes + uint32_t(chunk - 1) * kStageHalfBytes;
+// Dynamic shared memory: alignment slack, the ring, the staging buffer, then the schedule (item_off
+// and seg64, E + 1 each).
+inline size_t tall_down_smem_bytes(int experts) {
+  return 1024 + size_t(kTallDownStages) * kTallStageBytes + kTallStagingBytes +
+         (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
 }
-#endif
 
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_tall_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
@@ -65,26 +68,32 @@ __global__ void __launch_bounds__(kThreads, 1)
                           const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
                           int hidden, int ffn, int group_tiles, int split_ctas) {
 #if EPMOE_SM90A_DEVICE
-  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
-  __shared__ __align__(8) uint64_t staged[2];          // consumer warpgroup c's staging slot is written
-  __shared__ int2 item_slots[kStages];
-  __shared__ int32_t tile_rows[kTallRows];             // the reducers' out row of each tile row (-1: none)
+  constexpr int S = kTallDownStages;
+  __shared__ __align__(8) uint64_t bars[2 * S];  // full[0..S), empty[0..S)
+  __shared__ __align__(8) uint64_t staged[2];    // consumer warpgroup c's output is in the buffer
+  __shared__ __align__(8) uint64_t drained[2];   // the reducers have read warpgroup c's output
+  __shared__ int2 item_slots[S];
+  __shared__ int32_t tile_rows[kTallRows];       // the reducers' out row of each tile row (-1: none)
   extern __shared__ uint8_t dyn_smem[];
   // (align_1024 computes the same, but ptxas then spills 4 bytes in this kernel under 232 / 40 registers)
   uint8_t* ring = dyn_smem + ((1024u - (smem_u32(dyn_smem) & 1023u)) & 1023u);
-  int32_t* item_off = reinterpret_cast<int32_t*>(ring + size_t(kStages) * kTallStageBytes);
+  int32_t* item_off = reinterpret_cast<int32_t*>(ring + size_t(S) * kTallStageBytes + kTallStagingBytes);
   int32_t* seg64 = item_off + experts + 1;
   const int nn = (hidden + kBN - 1) / kBN, num_k = ffn / kBK;
   const int group = group_tiles < 1 ? 1 : group_tiles;
-  const uint32_t sA = smem_u32(ring), sB = sA + kStages * kTallATileBytes;
-  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[kStages]);
-  const uint32_t staged0 = smem_u32(&staged[0]);
+  const uint32_t sA = smem_u32(ring), sB = sA + S * kTallATileBytes;
+  const uint32_t stg = sA + S * kTallStageBytes;  // the staging buffer
+  const uint32_t full0 = smem_u32(&bars[0]), empty0 = smem_u32(&bars[S]);
+  const uint32_t staged0 = smem_u32(&staged[0]), drained0 = smem_u32(&drained[0]);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < S; ++s) {
       mbar_init(full0 + 8 * s, 1);
-      mbar_init(empty0 + 8 * s, kConsumerThreads);  // consumers, or for a staging slot the reducers
+      mbar_init(empty0 + 8 * s, kConsumerThreads);
     }
-    for (int c = 0; c < 2; ++c) mbar_init(staged0 + 8 * c, 128);
+    for (int c = 0; c < 2; ++c) {
+      mbar_init(staged0 + 8 * c, 128);
+      mbar_init(drained0 + 8 * c, 32 * kReducerWarps);
+    }
     mbar_fence_init();
   }
   // Split DOWN (split_ctas > 0): only the experts the rule sends here (SplitRule over nn column
@@ -105,12 +114,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---------------- producer: thread 0 decodes and issues ----------------
     setmaxnreg_dec<kTallProducerRegs>();
     if (threadIdx.x >= 32) {
-      // ---------------- reducers (warps 1..3): the staging slots -> out ----------------
+      // ---------------- reducers (warps 1..3): the staging buffer -> out ----------------
+      // Per item, warpgroup 0's output, then warpgroup 1's (the consumers' waits keep that order).
       if (!split) grid_dependency_wait();  // out is written only after the UP grid (and the zeroing before it)
       const int rw = int(threadIdx.x / 32) - 1, lane = int(threadIdx.x & 31), j = lane & 15;
-      uint32_t it = 0, ph = 0;
-      for (int64_t w = blockIdx.x; w < items; w += gridDim.x, ++ph) {
-        it += uint32_t(num_k);
+      uint32_t lp = 0;  // the parity of this CTA's items so far
+      for (int64_t w = blockIdx.x; w < items; w += gridDim.x, lp ^= 1u) {
         // The item (decoded as the producer does) and its rows' out rows, loaded into tile_rows while
         // the consumers still run its main loop, so the drain reads them from shared memory.
         const TallItem t = tall_item(w, item_off, seg64, experts, nn, group);
@@ -119,24 +128,22 @@ __global__ void __launch_bounds__(kThreads, 1)
           tile_rows[r] = r < t.rows ? pair_row[t.m0 + r] : -1;
         named_barrier_sync(kTallReduceBarrier, 32 * kReducerWarps);
         const int n0 = t.nb * kBN;
+#pragma unroll 1  // (unrolled, the reducers spill at 40 registers)
         for (int c = 0; c < 2; ++c) {
-          mbar_wait(staged0 + 8 * c, ph & 1u);
-          const uint32_t slot = (it - 2 + uint32_t(c)) % kStages;
+          mbar_wait(staged0 + 8 * c, lp);
           for (int chunk = 0; chunk < 3; ++chunk) {
             const int col0 = chunk < 2 ? n0 + 128 * chunk : n0 + 128 * c;
             if (col0 >= hidden) continue;  // (hidden % 256 == 128: the last block's upper half)
-            const uint32_t stg = tall_chunk(sA, sB, slot, chunk);
+            const uint32_t half = stg + uint32_t(chunk) * kStageHalfBytes;
             for (int rp = rw; rp < 32; rp += kReducerWarps) {  // row pairs: a half warp per row
               const int r = 2 * rp + (lane >> 4);
               const int32_t orow = tile_rows[(chunk < 2 ? 64 * c : 128) + r];
               uint32_t v[4];
-              ld_shared_16(stg + staged_half_offset(r, j), v);
+              ld_shared_16(half + staged_half_offset(r, j), v);
               if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
             }
           }
-          fence_proxy_async_shared();  // these reads before the producer's TMA rewrites the slot
-          mbar_arrive(empty0 + 8 * slot);  // every reducer lane releases its own reads
-          if (threadIdx.x == 32) mbar_arrive(empty0 + 8 * slot, kConsumerThreads - 32 * kReducerWarps);
+          mbar_arrive(drained0 + 8 * c);  // every reducer lane releases its own reads
         }
       }
       return;
@@ -147,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto publish = [&](uint32_t s, const TallItem& t) { item_slots[s] = tall_slot(t); };
     int64_t w = blockIdx.x;
     TallItem cur = tall_item(w, item_off, seg64, experts, nn, group);
-    const int npre = num_k < kStages ? num_k : kStages;
+    const int npre = num_k < S ? num_k : S;
     // The first item's first stages: W2 (independent of the UP grid) before the PDL wait, act after.
     publish(0, cur);
     for (int p = 0; p < npre; ++p) {
@@ -156,20 +163,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     if (!split) grid_dependency_wait();  // act is complete and visible from here on
     for (int p = 0; p < npre; ++p) tma_load_2d(sA + p * kTallATileBytes, &tm_act, full0 + 8 * p, p * kBK, int(cur.m0));
-    uint32_t it = uint32_t(npre);
+    // Ring position of the next use: stage s, and the parity of the round before it (a 3-deep ring:
+    // kept as a counter pair, not divisions by 3). The first round needs no empty waits.
+    uint32_t s = uint32_t(npre) % S, ph = 0;
+    bool armed = npre == S;  // the ring has gone round once: later uses wait for the consumers
     int kt = npre;
     while (cur.valid) {
       // The next item is decoded right after this item's first issued stage, in the slack of the
       // empty waits (as the 128-row kernel's early decode).
       TallItem nxt{};
       bool decoded = false;
-      for (; kt < num_k; ++kt, ++it) {
-        const uint32_t s = it % kStages, full = full0 + 8 * s;
-        if (it >= uint32_t(kStages)) mbar_wait(empty0 + 8 * s, ((it / kStages) - 1) & 1u);
+      for (; kt < num_k; ++kt) {
+        const uint32_t full = full0 + 8 * s;
+        if (armed) mbar_wait(empty0 + 8 * s, ph);
         if (kt == 0) publish(s, cur);
         mbar_arrive_expect_tx(full, kTallStageBytes);
         tma_load_2d(sA + s * kTallATileBytes, &tm_act, full, kt * kBK, int(cur.m0));
         tma_load_3d(sB + s * kBTileBytes, &tm_w2, full, kt * kBK, cur.nb * kBN, cur.e);
+        if (++s == S) {
+          s = 0;
+          if (armed) ph ^= 1u;
+          armed = true;
+        }
         if (!decoded) {
           nxt = tall_item(w + gridDim.x, item_off, seg64, experts, nn, group);
           decoded = true;
@@ -192,9 +207,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t db0 = pin_u32(smem_desc_sw128_lo(sB));
     const uint32_t fb = pin_u32(full0);
     const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
-    uint32_t it = 0;
+    uint32_t s = 0, ph = 0;  // ring position (stage, round parity) as the producer's, no divisions by 3
+    uint32_t lp = 0;  // the parity of this CTA's items so far
     const int n_items = int(items);  // < 2^31 (the launcher's bound); 32-bit keeps a register free
-    for (int w = int(blockIdx.x); w < n_items; w += int(gridDim.x)) {
+    for (int w = int(blockIdx.x); w < n_items; w += int(gridDim.x), lp ^= 1u) {
       float acc[128], acc2[64];
 #pragma unroll
       for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
@@ -204,9 +220,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       // 1), and 128 + 16 warp + lane / 4 (+ 8) against columns [128c, +128) (h = 2, 3). Rows outside
       // the expert's segment weigh 0 (and the reducers skip them).
       float pw[4];
-      for (int kt = 0; kt < num_k; ++kt, ++it) {
-        const uint32_t s = it % kStages;
-        mbar_wait(fb + 8 * s, (it / kStages) & 1u);
+      uint32_t prev = 0;  // the previous use's stage
+      for (int kt = 0; kt < num_k; ++kt) {
+        mbar_wait(fb + 8 * s, ph);
         if (kt == 0) {
           const int2 slot_v = item_slots[s];
           const int64_t m0 = int64_t(slot_v.x) * 64;
@@ -223,25 +239,34 @@ __global__ void __launch_bounds__(kThreads, 1)
         tall_stage_mma(acc, acc2, da, dx, db, dbx);
         wgmma_commit();
         if (kt > 0) {
-          wgmma_wait<1>();  // the previous stage's group is done: release it, unless it stages
-          if (kt - 1 < num_k - 2) mbar_arrive(empty0 + 8 * ((it - 1) % kStages));
+          wgmma_wait<1>();  // the previous stage's group is done: release it
+          mbar_arrive(empty0 + 8 * prev);
+        }
+        prev = s;
+        if (++s == S) {
+          s = 0;
+          ph ^= 1u;
         }
       }
       wgmma_wait<0>();
+      mbar_arrive(empty0 + 8 * prev);  // the item's last stage: the producer refills it now
       fence_regs(acc);
 #pragma unroll
       for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(acc2[i])::"memory");
 
-      // ---------------- epilogue: weighted bf16 into the item's last two stages ----------------
-      // Warpgroup c stages its 64 x 256 rows and 64 x 128 extra rows in the ring slot of k step
-      // num_k - 2 + c, once both warpgroups' wgmmas have read both slots; the reducers drain it
-      // and release the slot to the producer, while this item's successor runs its main loop.
-      named_barrier_sync(kTallEpiBarrier, 256);
-      const uint32_t slot = (it - 2 + uint32_t(c)) % kStages;
-      pack_store_half(tall_chunk(sA, sB, slot, 0), acc, 0, pw[0], pw[1], warp, lane);
-      pack_store_half(tall_chunk(sA, sB, slot, 1), acc, 1, pw[0], pw[1], warp, lane);
-      pack_store_half(tall_chunk(sA, sB, slot, 2), acc2, 0, pw[2], pw[3], warp, lane);
-      fence_proxy_async_shared();  // generic writes before the TMA's rewrite of the slot
+      // ---------------- epilogue: weighted bf16 into the staging buffer ----------------
+      // The buffer takes the outputs in the order (item 0, wg 0), (0, 1), (1, 0), ...: warpgroup 1
+      // stores item li's once the reducers have read warpgroup 0's (completion li of drained[0]),
+      // warpgroup 0 stores item li's once they have read warpgroup 1's of item li - 1 (completion
+      // li - 1 of drained[1]). Neither barrier can be two phases from the awaited one (each warpgroup
+      // waited for the one before at its previous item, and the next one needs this output), so a
+      // parity bit names the phase. Meanwhile the other warpgroup runs the next item's k steps
+      // alone, at the SM's full tensor rate.
+      if (c == 1) mbar_wait(drained0, lp);
+      else if (w != int(blockIdx.x)) mbar_wait(drained0 + 8, lp ^ 1u);
+      pack_store_half(stg, acc, 0, pw[0], pw[1], warp, lane);
+      pack_store_half(stg + kStageHalfBytes, acc, 1, pw[0], pw[1], warp, lane);
+      pack_store_half(stg + 2 * kStageHalfBytes, acc2, 0, pw[2], pw[3], warp, lane);
       mbar_arrive(staged0 + 8 * c);
     }
     grid_launch_dependents();
@@ -255,15 +280,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace sm90
 
 namespace {
-// Whether the 192-row DOWN can run for p: its staging needs >= 3 k steps per item, and its schedule
-// must fit in shared memory beside the ring.
+// Whether the 192-row DOWN can run for p: its schedule must fit in shared memory beside the ring and
+// the staging buffer.
 bool down_tall_fits(const ExpertProblem& p) {
   using namespace sm90;
-  return p.ffn / kBK >= 3 && tall_smem_bytes(p.experts) <= kMaxDynSmemBytes - kTallStaticSmemReserve;
+  return tall_down_smem_bytes(p.experts) <= kMaxDynSmemBytes - kTallStaticSmemReserve;
 }
 void launch_down_tall(const ExpertProblem& p, cudaStream_t s, bool pdl, int split_ctas) {
   using namespace sm90;
-  const size_t smem = tall_smem_bytes(p.experts);
+  const size_t smem = tall_down_smem_bytes(p.experts);
   const int nn = (p.hidden + kBN - 1) / kBN;
   // Items: at most ceil(P_e / 192) tiles per expert, sum <= capacity / 192 + E.
   const int64_t tiles = p.rows_capacity / kTallRows + p.experts + 1;

@@ -376,6 +376,9 @@ const std::vector<Variant>& variants() {
       {"TallDownNonPersistentZipfE16K4H2048F1024T2048", "0", "16",
        with({16, 4, 2048, 1024, 2048, Route::zipf, 256, 32}, 201), nullptr, "EPMOE_SM90_DOWN_ROWS", "192",
        "EPMOE_SM90_PERSISTENT", "0"},
+      // ffn 128: two k steps per item, fewer than the 3-deep ring (the first item arms only two).
+      {"TallDownSmallTwoKStepsE8K2H512F128T300", "0", "16", with({8, 2, 512, 128, 300, Route::uniform, 0, 64}, 267),
+       nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
       // UP on 192-row tiles (EPMOE_SM90_UP_ROWS=192, sm90_up_tall_kernel.cu), gathering its rows from x
       // (the engine's default) and from xs after gather_rows: small cases for the sanitizers (one item
       // per CTA; tile edges, where a tall tile reaches into the next segment, whose act rows it must
@@ -501,6 +504,9 @@ const std::vector<Variant>& variants() {
       {"SplitDownNonPersistentTileEdgesE8K1H1024F1024T835", "0", "16",
        with({8, 1, 1024, 1024, 835, Route::tile_edges, 0, 64}, 266), "expert", "EPMOE_SM90_DOWN_ROWS", "split",
        "EPMOE_SM90_PERSISTENT", "0", -1},
+      {"SplitDownSmallTwoKStepsTileEdgesE8K1H384F128T835", "0", "16",
+       with({8, 1, 384, 128, 835, Route::tile_edges, 0, 835}, 268), "expert", "EPMOE_SM90_DOWN_ROWS", "split",
+       nullptr, nullptr, -1},
       // The 192-row UP zeroing the padding rows after an expert's last tall tile (EPMOE_SM90_UP_ZERO_GAP=on,
       // the default; the rows above pin it off to see the split's choice): the harness checks those
       // rows are zero. 192 rows everywhere, gathering and from xs (small: the sanitizers run them too),
