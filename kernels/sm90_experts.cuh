@@ -187,7 +187,7 @@ bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 bool sm90_up_tall_split_ready(const ExpertProblem& p);
 void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas);  // (as the 128-row half's)
 // DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
-// tile on the same two consumer warpgroups, staged in the ring, single CTAs by expert) | split
+// tile on the same two consumer warpgroups, a 3-deep ring and a staging buffer, single CTAs by expert) | split
 // (sm90_down_split). sm90_down_rows() is 192 for "192" only. Read at each call.
 int sm90_down_rows();
 // EPMOE_SM90_DOWN_ROWS=split (opt-in): as the split UP, over DOWN's column blocks (hidden / 256) with
@@ -199,9 +199,8 @@ bool sm90_down_split();
 bool sm90_down_tall_split_ready(const ExpertProblem& p);
 void sm90_down_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas);
 // Launches the 192-row DOWN kernel (as sm90_down_launch would, PDL included) and returns true, or
-// returns false (nothing queued) when sm90_down_rows() is 128, ffn < 192 (its staging in the ring needs
-// three k steps per item), or its schedule does not fit in shared memory beside the 4 x 56 KB ring
-// (E above ~120).
+// returns false (nothing queued) when sm90_down_rows() is 128 or its schedule does not fit in shared
+// memory beside the 3 x 56 KB ring and the 48 KB staging buffer (E above 1151).
 bool sm90_down_tall_launch(const ExpertProblem& p, cudaStream_t s, bool pdl);
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in
 // `s` (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.
