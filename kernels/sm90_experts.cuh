@@ -31,7 +31,8 @@
 //                            default), or swap-AB on token-granular tiles (below)
 //   EPMOE_SM90_UP_ROWS=split|128|192  UP's tile height: split (the default) = per expert, 192 where
 //                            it covers fewer rows (below); 192 = sm90_up_tall_kernel.cu for every expert
-//   EPMOE_SM90_DOWN_ROWS=128|192  DOWN's: 192 = the opt-in sm90_down_tall_kernel.cu (below)
+//   EPMOE_SM90_DOWN_ROWS=split|128|192  DOWN's: split (the default) as UP's (below); 192 =
+//                            sm90_down_tall_kernel.cu for every expert
 //   EPMOE_SM90_GRAN_CLAIM=end|first  when the granular kernels claim their next item (below)
 //   EPMOE_SM90_DOWN_FLUSH_STEP=<k>  the k step at which DOWN stores its held half (see below)
 //   EPMOE_SM90_TAIL_SPLIT=half|off  the last wave's items run as row halves on twice the CTAs
@@ -186,11 +187,11 @@ bool sm90_up_tall_launch(const ExpertProblem& p, cudaStream_t s);
 // which then leaves the tall experts to it), and its launch (PDL; no zeroing: the 128-row half zeroes).
 bool sm90_up_tall_split_ready(const ExpertProblem& p);
 void sm90_up_tall_split_launch(const ExpertProblem& p, cudaStream_t s, int split_ctas);  // (as the 128-row half's)
-// DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 (the default) | 192 (sm90_down_tall_kernel.cu: a 192 x 256
-// tile on the same two consumer warpgroups, a 3-deep ring and a staging buffer, single CTAs by expert) | split
-// (sm90_down_split). sm90_down_rows() is 192 for "192" only. Read at each call.
+// DOWN's tile height: EPMOE_SM90_DOWN_ROWS = 128 | 192 (sm90_down_tall_kernel.cu: a 192 x 256 tile on the
+// same two consumer warpgroups, a 3-deep ring and a staging buffer, single CTAs by expert) | split (the
+// default since session 31; sm90_down_split). sm90_down_rows() is 192 for "192" only. Read at each call.
 int sm90_down_rows();
-// EPMOE_SM90_DOWN_ROWS=split (opt-in): as the split UP, over DOWN's column blocks (hidden / 256) with
+// EPMOE_SM90_DOWN_ROWS=split (the default): as the split UP, over DOWN's column blocks (hidden / 256) with
 // sm90_up_split_ctas' CTA count - the 128-row DOWN skips the experts the rule picks and releases the
 // 192-row DOWN (PDL) once it has seen the UP grid complete; by expert only, else every expert on 128.
 bool sm90_down_split();

@@ -303,14 +303,16 @@ bool sm90_up_pair_tail_split() {
 // blocks auto -> compute at hidden 2048: 0.9893 / 0.9867 at 16k (session 14), then 0.9950 / 1.0025 /
 // 0.9987 / 1.0028 (4k, 16k, 64k, E=128 16k; session 15) - inside the A/A noise (+-1.8%), kept.
 int sm90_pad_halves_mode() { return env_choice3("EPMOE_SM90_PAD_HALVES", {"compute", "skip", "auto"}, 2); }
-// Default 128: the 192-row DOWN is slower (session 27, DOWN alone: +3.7% / +7.5% / +9.9% at 7168/T=2k /
-// T=8k / 2048/T=16k; docs/PERF.md).
-// split (opt-in, session 30): the experts the split rule picks (as the split UP's, over DOWN's column
-// blocks) on the 192-row DOWN, the rest on the 128-row DOWN, which runs first (PDL). Not the default:
-// steady-state blocks 128 -> split 0.9880 (3/6) then 1.0056 (5/10; A/A 0.9996) at 7168/T=2k (DOWN
-// alone 0.886 -> 0.875 ms), 1.0233 (1/6) at T=4k, 1.0134 (0/6) at E=64 4096/768 T=4k, 0.9937 / 0.9974
-// at T=8k: the 192-row DOWN's dearer rows (+3-10%, session 27) eat the padding it saves.
-static int sm90_down_rows_mode() { return env_choice3("EPMOE_SM90_DOWN_ROWS", {"128", "192", "split"}, 0); }
+// Default split (session 31): the experts the split rule picks (as the split UP's, over DOWN's column
+// blocks) on the 192-row DOWN, the rest on the 128-row DOWN, which runs first (PDL); by expert only
+// (hidden >= 4096 under EPMOE_SM90_ORDER=auto), else every expert on 128. With the 192-row DOWN's
+// buffered epilogue (session 31): 7168/T=2k 128 -> split 0.9853 (5/6), 0.9918 (10/10; A/A 0.9994)
+// in steady-state blocks on two boards, 0.9736 in separate processes on a third (DOWN alone 0.898 ->
+// 0.855 ms); 7168/T=8k 1.0019 (2/6), T=4k 1.0014 (2/6), E=64 4096/768 T=4k 1.0033 (2/6). Session 30's
+// form (the 192-row DOWN staged in its ring) lost 1-2% at T=4k and E=64. "192" alone stays opt-in:
+// DOWN alone ~1% slower than 128 at 7168/T=2k (+3.7% / +7.5% / +9.9% at 7168/T=2k / T=8k /
+// 2048/T=16k in session 27's form; docs/PERF.md).
+static int sm90_down_rows_mode() { return env_choice3("EPMOE_SM90_DOWN_ROWS", {"128", "192", "split"}, 2); }
 int sm90_down_rows() { return sm90_down_rows_mode() == 1 ? 192 : 128; }
 bool sm90_down_split() { return sm90_down_rows_mode() == 2; }
 // The 192-row UP alone (gathering from x, session 28; opt-in "192"): steady-state blocks of the layer

@@ -379,6 +379,10 @@ const std::vector<Variant>& variants() {
       // ffn 128: two k steps per item, fewer than the 3-deep ring (the first item arms only two).
       {"TallDownSmallTwoKStepsE8K2H512F128T300", "0", "16", with({8, 2, 512, 128, 300, Route::uniform, 0, 64}, 267),
        nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
+      // E=256: beside the 3-deep ring the schedule fits up to E=1151 (the 4-deep ring's limit was 127);
+      // most experts hold 0-4 rows.
+      {"TallDownSmallManyExpertsE256K2H256F256T300", "0", "16",
+       with({256, 2, 256, 256, 300, Route::uniform, 0, 300}, 269), nullptr, "EPMOE_SM90_DOWN_ROWS", "192"},
       // UP on 192-row tiles (EPMOE_SM90_UP_ROWS=192, sm90_up_tall_kernel.cu), gathering its rows from x
       // (the engine's default) and from xs after gather_rows: small cases for the sanitizers (one item
       // per CTA; tile edges, where a tall tile reaches into the next segment, whose act rows it must
@@ -481,9 +485,9 @@ const std::vector<Variant>& variants() {
        nullptr, "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
       {"SplitWavesZipfE64K8H4096F768T4096", "0", "16", with({64, 8, 4096, 768, 4096, Route::zipf, 0, 16}, 245), nullptr,
        "EPMOE_SM90_UP_ROWS", "split", "EPMOE_SM90_UP_SPLIT_WAVES", "on", -1},
-      // The split DOWN (EPMOE_SM90_DOWN_ROWS=split, opt-in: the 128-row DOWN then the 192-row DOWN, PDL,
-      // the latter without an up-front wait; the wave test pinned off, so every picked expert goes
-      // tall): tile edges (small: the sanitizers), one expert of 1700 rows (the 128-row half has no
+      // The split DOWN (EPMOE_SM90_DOWN_ROWS=split, the default since session 31: the 128-row DOWN then
+      // the 192-row DOWN, PDL, the latter without an up-front wait; the wave test pinned off, so every
+      // picked expert goes tall): tile edges (small: the sanitizers), one expert of 1700 rows (the 128-row half has no
       // item: its CTAs wait for UP before they leave), with the split UP on the bench shape, weight-
       // multicast clusters, graph replays with in-kernel zeroing, separate launches without PDL into
       // DOWN, one CTA per item.
@@ -506,6 +510,12 @@ const std::vector<Variant>& variants() {
        "EPMOE_SM90_PERSISTENT", "0", -1},
       {"SplitDownSmallTwoKStepsTileEdgesE8K1H384F128T835", "0", "16",
        with({8, 1, 384, 128, 835, Route::tile_edges, 0, 835}, 268), "expert", "EPMOE_SM90_DOWN_ROWS", "split",
+       nullptr, nullptr, -1},
+      // The 128-row DOWN alone by expert (split is the default since session 31).
+      {"Down128ByExpertZipfE32K8H7168F2048T2048", "0", "16", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 271),
+       "expert", "EPMOE_SM90_DOWN_ROWS", "128", nullptr, nullptr, -1},
+      {"SplitDownSmallManyExpertsZipfE256K8H256F256T2048", "0", "16",
+       with({256, 8, 256, 256, 2048, Route::zipf, 0, 64}, 270), "expert", "EPMOE_SM90_DOWN_ROWS", "split",
        nullptr, nullptr, -1},
       // The 192-row UP zeroing the padding rows after an expert's last tall tile (EPMOE_SM90_UP_ZERO_GAP=on,
       // the default; the rows above pin it off to see the split's choice): the harness checks those
