@@ -1,5 +1,6 @@
-// DOWN projection on 192-row tiles (EPMOE_SM90_DOWN_ROWS=192, opt-in): the contract of
-// sm90_down_kernel.cu (act, w2 -> out += weighted rows, red.global.add bf16x2), with taller items.
+// DOWN projection on 192-row tiles: the contract of sm90_down_kernel.cu (act, w2 -> out += weighted
+// rows, red.global.add bf16x2), with taller items. By default the split DOWN's second half (the
+// experts the split rule picks, EPMOE_SM90_DOWN_ROWS=split); every expert with "192" (opt-in).
 //
 // Why: a 192 x 256 tile moves 56 KB per k step for 1.5x the MACs of the 128 x 256 tile's 48 KB, and on
 // the mainloop tool it runs 6-7% (L2-resident) to 10-12% (weights from DRAM) faster per MAC at the
