@@ -17,7 +17,10 @@
 // 16-byte reds. The buffer takes one warpgroup's output at a time (warpgroup 0's, then 1's), so
 // warpgroup 1 waits for warpgroup 0's drain while warpgroup 0 runs the next item's first k steps
 // alone (one warpgroup's m64n256 chain fills the tensor pipe, S24-2); the ring's slots never wait
-// for the reducers.
+// for the reducers. Measured (S31-1): DOWN alone ~1% slower than the 128-row kernel at 7168/T=2k -
+// the drain takes ~5 us per item when every SM ends its item at about the same time, and even plain
+// stores of the whole output, with no reductions, are only 3.3% faster than the 128-row kernel
+// (S31-2). So it pays only where its tiles save padding rows: the split DOWN (PERF session 31).
 // Earlier forms (docs/PERF.md, session 27): the reds from registers ("direct") cost ~11% at
 // 7168/T=2k against no epilogue; staged in the ring slots of an item's last two k steps (drained by
 // the reducers, a 4-deep ring) the loads stalled at the next item's start: DOWN alone +3.7% /
