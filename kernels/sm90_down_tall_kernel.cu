@@ -59,12 +59,7 @@ inline constexpr uint32_t kTallStagingBytes = 3 * kStageHalfBytes;
 inline constexpr uint32_t kTallReduceBarrier = 2;  // named barrier of the reducer warps
 static_assert(kTallStagingBytes % 1024 == 0, "the staging buffer keeps the schedule after it aligned");
 
-// Dynamic shared memory: alignment slack, the ring, the staging buffer, then the schedule (item_off
-// and seg64, E + 1 each).
-inline size_t tall_down_smem_bytes(int experts) {
-  return 1024 + size_t(kTallDownStages) * kTallStageBytes + kTallStagingBytes +
-         (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
-}
+inline size_t tall_down_smem_bytes(int experts) { return tall_smem_bytes(experts, kTallDownStages, kTallStagingBytes); }
 
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_tall_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
@@ -206,11 +201,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int c = wg - 1;
     const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31);
     // Loop invariants pinned (as consume_item): descriptor low words and the barrier base.
-    // The extra rows' A (tile row 128) and this warpgroup's B half are fixed offsets from them.
-    const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128));
-    const uint32_t db0 = pin_u32(smem_desc_sw128_lo(sB));
+    const TallDescs d = tall_descs(sA, sB, c);
     const uint32_t fb = pin_u32(full0);
-    const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
     uint32_t s = 0, ph = 0;  // ring position (stage, round parity) as the producer's, no divisions by 3
     uint32_t lp = 0;  // the parity of this CTA's items so far
     const int n_items = int(items);  // < 2^31 (the launcher's bound); 32-bit keeps a register free
@@ -237,11 +229,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             pw[h] = r < rows ? pair_weight[m0 + r] : 0.0f;
           }
         }
-        const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
-        const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
-        wgmma_fence();
-        tall_stage_mma(acc, acc2, da, dx, db, dbx);
-        wgmma_commit();
+        tall_k_step(acc, acc2, d, s);
         if (kt > 0) {
           wgmma_wait<1>();  // the previous stage's group is done: release it
           mbar_arrive(empty0 + 8 * prev);

@@ -18,9 +18,11 @@ inline constexpr uint32_t kTallStageBytes = kTallATileBytes + kBTileBytes;
 inline constexpr uint32_t kTallProducerRegs = 40, kTallConsumerRegs = 232;
 static_assert(setmaxnreg_split_fits(kTallProducerRegs, kTallConsumerRegs), "the consumers would wait forever in setmaxnreg.inc");
 static_assert(kTallATileBytes % 1024 == 0, "the B stages after the A stages must keep 1024 B alignment");
-// Dynamic shared memory: alignment slack, the ring, then the schedule (item_off and seg64, E + 1 each).
-inline size_t tall_smem_bytes(int experts) {
-  return 1024 + size_t(kStages) * kTallStageBytes + (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
+// Dynamic shared memory: alignment slack, a ring of `stages` tall stages, `extra` bytes after it (the
+// 192-row DOWN's staging buffer), then the schedule (item_off and seg64, E + 1 each).
+inline size_t tall_smem_bytes(int experts, int stages = kStages, size_t extra = 0) {
+  return 1024 + size_t(stages) * kTallStageBytes + extra +
+         (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
 }
 // Item hand-off slot (producer -> consumers, per stage): {first row / 64, column block | (rows in the
 // segment / 64) << 28 | gap << 30}; gap (the 192-row UP with EPMOE_SM90_UP_ZERO_GAP=on): the 64 rows
@@ -91,6 +93,22 @@ __device__ __forceinline__ void tall_stage_mma(float (&acc)[128], float (&acc2)[
     wgmma_m64n256k16_bf16(acc, smem_desc_sw128_join(da + 2 * kk), smem_desc_sw128_join(db + 2 * kk), 1);
     WgmmaN<128>::run(acc2, smem_desc_sw128_join(dx + 2 * kk), smem_desc_sw128_join(dbx + 2 * kk));
   }
+}
+// A consumer warpgroup's descriptors of the tall tile (stage 0; a stage adds its offset): its own 64
+// rows of A, the tile's extra rows [128, 192) and its half of the B box as fixed offsets from them.
+struct TallDescs {
+  uint32_t da0, db0, dx_off, dbx_off;
+};
+__device__ __forceinline__ TallDescs tall_descs(uint32_t sA, uint32_t sB, int c) {
+  return {pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128)), pin_u32(smem_desc_sw128_lo(sB)),
+          (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, (uint32_t(c) * 128u * 128u) >> 4};
+}
+// One k step on ring stage s: wgmma fence, tall_stage_mma, commit (the caller waits and releases).
+__device__ __forceinline__ void tall_k_step(float (&acc)[128], float (&acc2)[64], const TallDescs& d, uint32_t s) {
+  const uint32_t da = d.da0 + s * (kTallATileBytes >> 4), db = d.db0 + s * (kBTileBytes >> 4);
+  wgmma_fence();
+  tall_stage_mma(acc, acc2, da, da + d.dx_off, db, db + d.dbx_off);
+  wgmma_commit();
 }
 __device__ __forceinline__ int2 tall_slot(const TallItem& t, bool zero_gap = false) {
   return make_int2(int(t.m0 >> 6), t.nb | ((t.rows / 64) << kTallRowsShift) | (zero_gap && t.gap > 0 ? 1 << kTallGapBit : 0));

@@ -57,29 +57,28 @@ CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t col
   return encode(base, 2, dims, strides, box, "matrix map");
 }
 
-bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
+// W1 [E, 2*ffn, hidden] viewed as element (k, r, 2e + p, b) = w1[e][p*ffn + rows*b + r][k]: the
+// expert stride (2*ffn rows) is twice the gate/up stride (ffn rows), so (e, p) fold into one dimension
+// of extent 2E, stride ffn rows. The box {64, rows, 2, blocks} walks r, then p, then b.
+static bool try_make_w1_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, uint32_t rows,
+                            uint32_t blocks, const char* what, CUtensorMap* map) {
   EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
               "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
   const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
-  // Element (k, r, 2e + p, j) is w1[e][p*ffn + 128j + r][k]: the expert stride (2*ffn rows) is twice
-  // the gate/up stride (ffn rows), so (e, p) fold into one dimension of extent 2E, stride ffn rows.
-  const cuuint64_t dims[4] = {H, 128, 2 * cuuint64_t(experts), F / 128};
-  const cuuint64_t strides[3] = {H * 2, F * H * 2, 128 * H * 2};  // row, parity/expert, 128-row block
-  const cuuint32_t box[4] = {64, 128, 2, 1};
-  return encode_raw(map, w1, 4, dims, strides, box, "w1 folded map") == CUDA_SUCCESS;
+  const cuuint64_t dims[4] = {H, rows, 2 * cuuint64_t(experts), F / rows};
+  const cuuint64_t strides[3] = {H * 2, F * H * 2, rows * H * 2};  // row, parity/expert, row block
+  const cuuint32_t box[4] = {64, rows, 2, blocks};
+  return encode_raw(map, w1, 4, dims, strides, box, what) == CUDA_SUCCESS;
 }
 
+// Folded: 128 gate rows of block j, then their 128 up partners (one box per 256-column block).
+bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
+  return try_make_w1_map(w1, experts, hidden, ffn, 128, 1, "w1 folded map", map);
+}
+
+// Interleaved: 64 gate rows, their 64 up partners, the next 64 gate rows, theirs.
 bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
-  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
-              "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
-  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
-  // Element (k, r, 2e + p, b) is w1[e][p*ffn + 64b + r][k]; as the folded map, (e, p) fold into one
-  // dimension of stride ffn rows. The box {64, 64, 2, 2} walks r, then p, then b: 64 gate rows, their
-  // 64 up partners, the next 64 gate rows, theirs.
-  const cuuint64_t dims[4] = {H, 64, 2 * cuuint64_t(experts), F / 64};
-  const cuuint64_t strides[3] = {H * 2, F * H * 2, 64 * H * 2};  // row, parity/expert, 64-row block
-  const cuuint32_t box[4] = {64, 64, 2, 2};
-  return encode_raw(map, w1, 4, dims, strides, box, "w1 interleaved map") == CUDA_SUCCESS;
+  return try_make_w1_map(w1, experts, hidden, ffn, 64, 2, "w1 interleaved map", map);
 }
 
 CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {

@@ -102,10 +102,8 @@ __device__ __forceinline__ void consume_tall_items(int items, int num_k, uint32_
                                                    bool gathered_in) {
   const int c = int(threadIdx.x / 128) - 1;
   const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31), q = lane & 3;
-  const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128));
-  const uint32_t db0 = pin_u32(smem_desc_sw128_lo(sB));
+  const TallDescs d = tall_descs(sA, sB, c);
   const uint32_t fb = pin_u32(full0);
-  const uint32_t dx_off = (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, dbx_off = (uint32_t(c) * 128u * 128u) >> 4;
   const bool gathered = pin_u32(gathered_in ? 1u : 0u) != 0;
   auto release = [&](uint32_t s) { mbar_arrive(empty0 + 8 * s); };
   uint32_t it = 0;
@@ -121,11 +119,7 @@ __device__ __forceinline__ void consume_tall_items(int items, int num_k, uint32_
       mbar_wait(fb + 8 * s, (it / kStages) & 1u);
       if (gathered) fence_proxy_async_shared();  // the producers' cp.async writes, before wgmma reads them
       if (kt == 0) slot_v = item_slots[s];
-      const uint32_t da = da0 + s * (kTallATileBytes >> 4), dx = da + dx_off;
-      const uint32_t db = db0 + s * (kBTileBytes >> 4), dbx = db + dbx_off;
-      wgmma_fence();
-      tall_stage_mma(acc, acc2, da, dx, db, dbx);
-      wgmma_commit();
+      tall_k_step(acc, acc2, d, s);
       if (kt > 0) {
         wgmma_wait<1>();  // the previous stage's group is done: release it
         release((it - 1) % kStages);
