@@ -90,9 +90,11 @@ __device__ __forceinline__ void warp_item_prefix(int experts, int32_t* item_off,
   }
   if (lane == 0) item_off[0] = 0;
 }
-// The split UP (EPMOE_SM90_UP_ROWS=split) as its two halves see it: pair_row (null: no split), the
-// column blocks the rule counts items over (ffn / 128 in both halves, whatever their own units) and
-// the rule's CTA count (split_cut_score in sm90_schedule.cuh).
+// The split UP / DOWN (EPMOE_SM90_{UP,DOWN}_ROWS=split) as their two halves see it: pair_row (null:
+// no split), the column blocks the rule counts items over (UP: ffn / 128 in both halves, whatever
+// their own units; DOWN: hidden / 256) and the rule's CTA count (split_cut_score in sm90_schedule.cuh).
+// The 128-row half calls split_expert per expert twice (in the cut, then for its item counts): once
+// per CTA start, a few loads per expert, so it is not cached.
 struct SplitRule {
   const int32_t* pair_row = nullptr;
   int blocks = 0;
