@@ -5,12 +5,17 @@ same method (CUDA-graph replay, median) and the same shapes as src/programs/benc
 
   seed region : grouped_mm, silu*up, grouped_mm, x weight (routing, sort, gather, scatter outside)
   full layer  : + the gather of x (index_select) and the weighted scatter-add back to token order
+  dense equiv : (--dense-equiv) the layer's two GEMMs as plain dense ones of the same FLOPs,
+                x[T*k, hidden] @ w1[0]^T then act[T*k, ffn] @ w2[0]^T: one expert's weights (perfect
+                reuse), no gather, padding, SwiGLU or scatter - what cuBLAS reaches on these FLOPs at
+                the board's power-capped steady state, a practical ceiling for any grouped layer
 
 FLOPs = 6 * T * k * hidden * ffn. Inputs rotate among enough copies of x that consecutive replays
 exceed the 60 MB L2 (like the C++ bench). Writes JSON (--json, default $OUT/baseline_moe.json)
 with the keys launch/compare_experts.py reads.
 
-  python3 launch/baseline_moe.py [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters 50] [--json PATH] [--ceilings]
+  python3 launch/baseline_moe.py [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters 50] [--json PATH]
+                                 [--ceilings] [--dense-equiv]
 """
 import argparse
 import json
@@ -69,6 +74,17 @@ def bench_graph(fns, iters, warm=3):
     return statistics.median(ts)
 
 
+def dense_equiv_ms(M, D, H, w1e, w2e, iters):
+    """Median ms of x[M, D] @ w1e^T then act[M, H] @ w2e^T (the layer's FLOPs as two dense GEMMs),
+    over two input sets (each GEMM's operands exceed the L2 at the benchmark shapes anyway)."""
+    sets = [(torch.randn(M, D, device=w1e.device, dtype=torch.bfloat16),
+             torch.randn(M, H, device=w1e.device, dtype=torch.bfloat16)) for _ in range(2)]
+    t = bench_graph([lambda x=x, a=a: (x @ w1e.t(), a @ w2e.t()) for x, a in sets], iters)
+    del sets
+    torch.cuda.empty_cache()
+    return t
+
+
 def main():
     global WARMUP_MS
     ap = argparse.ArgumentParser()
@@ -80,6 +96,8 @@ def main():
                     help="replays before each timed region, at least this long (ms)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "/tmp"), "baseline_moe.json"))
     ap.add_argument("--ceilings", action="store_true", help="also measure dense bf16 GEMM and copy bandwidth")
+    ap.add_argument("--dense-equiv", action="store_true",
+                    help="also time each shape's two GEMMs as dense ones of the same FLOPs (dense_ms)")
     args = ap.parse_args()
     WARMUP_MS = max(0.0, args.warmup_ms)
 
@@ -156,6 +174,9 @@ def main():
             flops = 6 * T * k * D * H
             r = dict(E=E, k=k, hidden=D, ffn=H, T=T, sets=sets, seed_ms=t1, full_ms=t2,
                      seed_tflops=flops / t1 / 1e9, full_tflops=flops / t2 / 1e9)
+            if args.dense_equiv:
+                r["dense_ms"] = dense_equiv_ms(T * k, D, H, w1[0], w2[0], args.iters)
+                r["dense_tflops"] = flops / r["dense_ms"] / 1e9
             rows.append(r)
             print(json.dumps(r), flush=True)
             del xs, xgs

@@ -254,14 +254,14 @@ stage_bench_experts() {
     echo "missing $bin"; rc=1
   fi
   if [[ -f launch/baseline_moe.py ]]; then
-    tmo --max $(( STAGE_DEADLINE - SECONDS - 15 )) python3 launch/baseline_moe.py --json "$OUT/baseline_moe.json" --shapes "$EXPERTS_SHAPES" || rcb=$?
+    tmo --max $(( STAGE_DEADLINE - SECONDS - 15 )) python3 launch/baseline_moe.py --json "$OUT/baseline_moe.json" --shapes "$EXPERTS_SHAPES" --dense-equiv || rcb=$?
   else
     echo "missing launch/baseline_moe.py"; rcb=1
   fi
   if [[ -f $OUT/bench_experts.json && -f $OUT/baseline_moe.json && -f launch/compare_experts.py ]]; then
     tmo python3 launch/compare_experts.py "$OUT/bench_experts.json" "$OUT/baseline_moe.json" > "$LOGS/compare_experts.txt" 2>&1 || rcc=$?
     cat "$LOGS/compare_experts.txt"
-    KEY_FIG=$(grep -v '^\s*$' "$LOGS/compare_experts.txt" | tail -1 | cut -c1-110)
+    KEY_FIG=$(grep "full region" "$LOGS/compare_experts.txt" | tail -1 | cut -c1-110)
   else
     rcc=1
   fi
