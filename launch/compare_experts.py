@@ -70,7 +70,7 @@ def main():
         tail = ""
         if dense:
             dm = t.get("dense") if t else None
-            eff = dm / o["full"] if (dm and o and o["full"]) else None
+            eff = dm / o["full"] if (dm and dm == dm and o and o["full"]) else None
             if eff:
                 geo["dense"].append(eff)
             tail = f" | {fmt(dm, '8.4f')} {fmt(flops / dm / 1e9 if dm else None, '6.1f')} {fmt(eff, '8.3f')}"
