@@ -141,6 +141,13 @@ EPMOE_SCHED_FN int tall_tile_rows(int64_t seg_rows, int i) {
   const int64_t left = seg_rows - 192 * int64_t(i);
   return int(left < 192 ? left : 192);
 }
+// tall_tile_count's `last_starts_in_padding` for the segment [seg, seg + seg_rows) of a layout:
+// whether the first row of its ceil(seg_rows / 192)-th tile is padding (pair_row -1; real rows come
+// first). One pair_row read.
+EPMOE_SCHED_FN bool tall_last_starts_in_padding(const int32_t* pair_row, int64_t seg, int64_t seg_rows) {
+  const int64_t t = (seg_rows + 191) / 192;
+  return t > 0 && pair_row[seg + 192 * (t - 1)] < 0;
+}
 // Split UP (EPMOE_SM90_UP_ROWS=split): expert e runs on 192-row tiles iff they cover strictly fewer
 // MMA rows than its segment (the 128-row tiles cover exactly the segment), i.e. they save >= 64
 // padding rows. Rows are costed alike: the tall tile's ~4% clock gain at 7168/T=2k is absent at T=8k
@@ -172,8 +179,7 @@ struct SplitExpert {
 };
 EPMOE_SCHED_FN SplitExpert split_expert(const int64_t* padded_offsets, const int32_t* pair_row, int e, int blocks) {
   const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
-  const int t0 = int((p + 191) / 192);
-  const bool pad = t0 > 0 && pair_row[seg + 192 * int64_t(t0 - 1)] < 0;
+  const bool pad = tall_last_starts_in_padding(pair_row, seg, p);
   if (!expert_prefers_tall(p, pad)) return {false, 0, 0};
   return {true, int64_t(tall_tile_count(p, pad)) * blocks, p / 128 * blocks};
 }

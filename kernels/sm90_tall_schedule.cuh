@@ -52,14 +52,12 @@ __device__ __forceinline__ void build_tall_schedule(const int64_t* __restrict__ 
     const int cut = split_ctas > 0 ? warp_split_tall_cut(padded_offsets, experts, rule) : 0;
     warp_item_prefix(experts, item_off, [&](int e) {
       const int64_t seg = padded_offsets[e], p = padded_offsets[e + 1] - seg;
-      const int t0 = int((p + kTallRows - 1) / kTallRows);
       seg64[e] = int32_t(seg / 64);
       if (split_ctas > 0) {  // (the rule's tall items are this kernel's: tall tiles x nn)
         const SplitExpert x = e < cut ? split_expert(padded_offsets, pair_row, e, nn) : SplitExpert{false, 0, 0};
         return int32_t(x.picked ? x.tall_items : 0);
       }
-      const bool pad = t0 > 0 && pair_row[seg + int64_t(kTallRows) * (t0 - 1)] < 0;
-      return int32_t(tall_tile_count(p, pad) * nn);
+      return int32_t(tall_tile_count(p, tall_last_starts_in_padding(pair_row, seg, p)) * nn);
     });
     if (threadIdx.x == 0) seg64[experts] = int32_t(padded_offsets[experts] / 64);
   }

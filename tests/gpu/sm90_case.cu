@@ -361,9 +361,7 @@ void run_case(const Case& cs, CaseStats* stats) {
     if (epmoe::kernels::sm90_up_rows() == 192 || split) {
       for (int e = 0; e < E; ++e) {
         const int64_t seg = L.x.padded_offsets[e], rows = L.x.padded_offsets[e + 1] - seg;
-        const int t0 = int((rows + 191) / 192);
-        const bool pad = t0 > 0 && L.x.pair_row[size_t(seg + 192 * int64_t(t0 - 1))] < 0;
-        const int tiles = k90::tall_tile_count(rows, pad);
+        const int tiles = k90::tall_tile_count(rows, k90::tall_last_starts_in_padding(L.x.pair_row.data(), seg, rows));
         int64_t covered = 0;
         for (int i = 0; i < tiles; ++i) covered += k90::tall_tile_rows(rows, i);
         if (split) {
