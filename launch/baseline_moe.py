@@ -15,7 +15,12 @@ exceed the 60 MB L2 (like the C++ bench). Writes JSON (--json, default $OUT/base
 with the keys launch/compare_experts.py reads.
 
   python3 launch/baseline_moe.py [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters 50] [--json PATH]
-                                 [--ceilings] [--dense-equiv]
+                                 [--ceilings] [--dense-equiv] [--dense-only] [--data normal|uniform]
+
+--data: normal (the seed baseline's: x ~ N(0,1), w1, w2 ~ 0.02 N(0,1)) or uniform (the C++ bench's
+distributions: x ~ U(-1,1), w1 ~ sqrt(3/hidden) U(-1,1), w2 ~ 2 sqrt(3/ffn) U(-1,1)). At the power cap
+a kernel's time follows its energy, which can depend on the operands' bits, so a probe can time torch
+on the same distributions as ours.
 """
 import argparse
 import json
@@ -74,11 +79,20 @@ def bench_graph(fns, iters, warm=3):
     return statistics.median(ts)
 
 
-def dense_equiv_ms(M, D, H, w1e, w2e, iters):
+def make_tensor(shape, data, scale, dev):
+    """bf16 tensor: scale * N(0,1) for --data normal; uniform: U(-1,1) times `scale` (the uniform
+    scale, given by the caller)."""
+    if data == "normal":
+        t = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
+        return t if scale == 1.0 else t * scale
+    return (torch.rand(*shape, device=dev, dtype=torch.float32) * 2 - 1).mul_(scale).to(torch.bfloat16)
+
+
+def dense_equiv_ms(M, D, H, w1e, w2e, iters, data="normal"):
     """Median ms of x[M, D] @ w1e^T then act[M, H] @ w2e^T (the layer's FLOPs as two dense GEMMs),
     over two input sets (each GEMM's operands exceed the L2 at the benchmark shapes anyway)."""
-    sets = [(torch.randn(M, D, device=w1e.device, dtype=torch.bfloat16),
-             torch.randn(M, H, device=w1e.device, dtype=torch.bfloat16)) for _ in range(2)]
+    sets = [(make_tensor((M, D), data, 1.0, w1e.device), make_tensor((M, H), data, 1.0, w1e.device))
+            for _ in range(2)]
     t = bench_graph([lambda x=x, a=a: (x @ w1e.t(), a @ w2e.t()) for x, a in sets], iters)
     del sets
     torch.cuda.empty_cache()
@@ -98,13 +112,19 @@ def main():
     ap.add_argument("--ceilings", action="store_true", help="also measure dense bf16 GEMM and copy bandwidth")
     ap.add_argument("--dense-equiv", action="store_true",
                     help="also time each shape's two GEMMs as dense ones of the same FLOPs (dense_ms)")
+    ap.add_argument("--dense-only", action="store_true",
+                    help="time only the dense equivalents (a probe; the layer columns are NaN)")
+    ap.add_argument("--data", choices=["normal", "uniform"], default="normal",
+                    help="operand distributions (see the module docstring)")
     args = ap.parse_args()
+    if args.dense_only:
+        args.dense_equiv = True
     WARMUP_MS = max(0.0, args.warmup_ms)
 
     torch.manual_seed(0)
     dev = "cuda"
     res = {"impl": "torch_grouped_mm", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "warmup_ms": WARMUP_MS}
+           "warmup_ms": WARMUP_MS, "data": args.data}
     if args.ceilings:
         M = 8192
         A = torch.randn(M, M, device=dev, dtype=torch.bfloat16)
@@ -126,13 +146,14 @@ def main():
             E, k, D, H, T = (int(v) for v in spec.split(","))
             groups.append((E, k, D, H, [T]))
     for (E, k, D, H, Ts) in groups:
-        w1 = torch.randn(E, 2 * H, D, device=dev, dtype=torch.bfloat16) * 0.02  # [E, N, K] output-major
-        w2 = torch.randn(E, D, H, device=dev, dtype=torch.bfloat16) * 0.02
+        uniform = args.data == "uniform"
+        w1 = make_tensor((E, 2 * H, D), args.data, (3.0 / D) ** 0.5 if uniform else 0.02, dev)  # [E, N, K]
+        w2 = make_tensor((E, D, H), args.data, 2 * (3.0 / H) ** 0.5 if uniform else 0.02, dev)
         w1t, w2t = w1.transpose(1, 2), w2.transpose(1, 2)
         for T in Ts:
             set_bytes = T * D * 2 * (1 + k)  # x and the gathered xg
             sets = max(1, min(8, (180 << 20) // set_bytes + 1))
-            xs = [torch.randn(T, D, device=dev, dtype=torch.bfloat16) for _ in range(sets)]
+            xs = [make_tensor((T, D), args.data, 1.0, dev) for _ in range(sets)]
             logits = torch.randn(T, E, device=dev)
             wts, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
             wts = (wts / wts.sum(-1, keepdim=True)).to(torch.bfloat16)
@@ -166,8 +187,10 @@ def main():
                 return f
 
             try:
-                t1 = bench_graph([seed_region(xg) for xg in xgs], args.iters)
-                t2 = bench_graph([full_layer(x) for x in xs], args.iters)
+                t1 = t2 = float("nan")
+                if not args.dense_only:
+                    t1 = bench_graph([seed_region(xg) for xg in xgs], args.iters)
+                    t2 = bench_graph([full_layer(x) for x in xs], args.iters)
             except Exception as ex:  # noqa: BLE001 - report and go on
                 print("grouped_mm failed", E, k, D, H, T, ex)
                 t1 = t2 = float("nan")
@@ -176,7 +199,7 @@ def main():
                      seed_tflops=flops / t1 / 1e9, full_tflops=flops / t2 / 1e9)
             if args.dense_equiv:
                 try:
-                    r["dense_ms"] = dense_equiv_ms(T * k, D, H, w1[0], w2[0], args.iters)
+                    r["dense_ms"] = dense_equiv_ms(T * k, D, H, w1[0], w2[0], args.iters, args.data)
                 except Exception as ex:  # noqa: BLE001 - report and go on (the comparison prints '-')
                     print("dense equivalent failed", E, k, D, H, T, ex)
                     r["dense_ms"] = float("nan")

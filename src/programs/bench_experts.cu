@@ -16,7 +16,9 @@
 //                       [--routing softmax|balanced] [--ab VAR=A,B [--ab-blocks N] [--ab-only]]   (a knob's two
 //                       values timed in one process, interleaved or in steady-state blocks (Options
 //                       says why blocks); balanced: every expert T k / E rows)
-//                       [--no-check] [--zero-before-down]
+//                       [--no-check] [--zero-before-down] [--ab-region full|up|down]
+// --ab-region: what the --ab blocks replay: the full layer (default), or UP (gathering from x) or
+// DOWN alone (a probe of one kernel's steady state, e.g. under launch/power_probe.sh).
 // --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
 // overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
 #include <cuda_runtime.h>
@@ -170,6 +172,7 @@ struct Options {
   // --ab-only: skip the table's own timings (full, sep, seed, serial, each kernel alone: nine warm-ups)
   // and time only the A/B; the table then prints zeros in those columns.
   bool ab_only = false;
+  std::string ab_region = "full";  // --ab-region full|up|down
 };
 
 // The variables named by --ab's VAR (one, or several joined by '+').
@@ -410,8 +413,16 @@ Result run_shape(const Shape& sh, const Options& opt) {
       std::vector<std::unique_ptr<ScopedEnv>> env;
       for (const std::string& v : ab_vars(opt.ab_var)) env.push_back(std::make_unique<ScopedEnv>(v, value));
       for (int i = 0; i < sets; ++i)
-        gs.push_back(capture([&] { enqueue_full(i, /*fused=*/epmoe::kernels::sm90_fused_gather_enabled()); }));
+        gs.push_back(capture([&] {
+          if (opt.ab_region == "up") epmoe::kernels::sm90_up_launch(problem(i, true), s);
+          else if (opt.ab_region == "down") epmoe::kernels::sm90_down_launch(problem(i), s, false);
+          else enqueue_full(i, /*fused=*/epmoe::kernels::sm90_fused_gather_enabled());
+        }));
     };
+    if (opt.ab_region == "down") {  // DOWN alone reads act: UP writes it first (zeros draw less power)
+      for (int i = 0; i < sets; ++i) epmoe::kernels::sm90_up_launch(problem(i, true), s);
+      EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
+    }
     capture_with(opt.ab_a, ga);
     capture_with(opt.ab_b, gb);
     std::vector<float> ta, tb;
@@ -611,12 +622,17 @@ int parse_args(int argc, char** argv, Options& opt) {
         if (name.empty()) throw std::runtime_error("--ab VAR1+VAR2=A,B: an empty variable name in '" + opt.ab_var + "'");
     } else if (a == "--ab-only") {
       opt.ab_only = true;
+    } else if (a == "--ab-region") {
+      opt.ab_region = next();
+      if (opt.ab_region != "full" && opt.ab_region != "up" && opt.ab_region != "down")
+        throw std::runtime_error("--ab-region full|up|down");
     } else if (a == "--ab-blocks") {
       opt.ab_blocks = std::atoi(next().c_str());
       if (opt.ab_blocks < 1) throw std::runtime_error("--ab-blocks N (N >= 1 rounds of an A block and a B block)");
     } else if (a == "-h" || a == "--help") {
       std::printf("usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--warmup-ms MS] [--json PATH] [--no-check] "
-                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR[+VAR2...]=A,B [--ab-blocks N] [--ab-only]]\n",
+                  "[--zero-before-down] [--routing softmax|balanced] [--ab VAR[+VAR2...]=A,B [--ab-blocks N] [--ab-only] "
+                  "[--ab-region full|up|down]]\n",
                   argv[0]);
       return 0;
     } else {
@@ -689,8 +705,9 @@ int main(int argc, char** argv) {
                   tflops(sh, r.full_ms), r.full_sep_ms, tflops(sh, r.full_sep_ms), r.gather_ms, r.up_ms, r.up_fused_ms,
                   r.down_ms, r.zero_ms, r.full_serial_zero_ms, r.max_rel_err, r.rel_l2);
       if (!opt.ab_var.empty())
-        std::printf("#   A/B %s: %s %.4f ms, %s %.4f ms, B/A %.4f (full layer, %s)\n", opt.ab_var.c_str(),
+        std::printf("#   A/B %s: %s %.4f ms, %s %.4f ms, B/A %.4f (%s, %s)\n", opt.ab_var.c_str(),
                     opt.ab_a.c_str(), r.ab_a_ms, opt.ab_b.c_str(), r.ab_b_ms, r.ab_a_ms > 0 ? r.ab_b_ms / r.ab_a_ms : 0.0,
+                    opt.ab_region == "full" ? "full layer" : (opt.ab_region + " alone").c_str(),
                     opt.ab_blocks > 0 ? (std::to_string(opt.ab_blocks) + " rounds of steady-state blocks").c_str()
                                       : "interleaved replays");
       if (!r.ab_block_ms.empty()) {
