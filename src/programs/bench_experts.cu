@@ -17,8 +17,8 @@
 //                       values timed in one process, interleaved or in steady-state blocks (Options
 //                       says why blocks); balanced: every expert T k / E rows)
 //                       [--no-check] [--zero-before-down] [--ab-region full|up|down]
-// --ab-region: what the --ab blocks replay: the full layer (default), or UP (gathering from x) or
-// DOWN alone (a probe of one kernel's steady state, e.g. under launch/power_probe.sh).
+// --ab-region: what the --ab blocks replay: the full layer (default), or UP (gathering from x, without
+// the zeroing) or DOWN alone (a probe of one kernel's steady state, e.g. under launch/power_probe.sh).
 // --zero-before-down joins the side-stream zeroing right before DOWN (seed 000's placement, more
 // overlap) instead of before UP (the default, which keeps the UP -> DOWN edge a pure PDL edge).
 #include <cuda_runtime.h>
@@ -640,6 +640,7 @@ int parse_args(int argc, char** argv, Options& opt) {
       return 2;
     }
   }
+  if (opt.ab_region != "full" && opt.ab_var.empty()) throw std::runtime_error("--ab-region needs --ab VAR=A,B");
   return -1;
 }
 
