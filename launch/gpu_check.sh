@@ -14,6 +14,9 @@
 #                  and test_layout_gpu; memcheck on test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
+#   ncu            (only when named in GPU_CHECK_STAGES, not in "all") launch/ncu_compare.sh: Nsight
+#                  Compute counters per MAC of our UP/DOWN beside cuBLAS's dense GEMMs of the shapes
+#                  in GPU_CHECK_NCU_SHAPES (default 16k and 7168/T=2k); the table goes to summary.txt
 #
 # Environment:
 #   GPU_CHECK_STAGES=cpu,gpu,...   run these stages only (default all; the build always runs unless
@@ -61,6 +64,7 @@ log() { echo "[gpu_check $(( SECONDS - T0 ))s] $*"; }
 
 want() {
   local s=",$STAGES,"
+  [[ $1 == ncu ]] && { [[ $s == *",ncu,"* ]]; return; }  # a diagnostic: only when named
   [[ $s == *",all,"* || $s == *",$1,"* ]] && return 0
   [[ $1 == bench_* && $s == *",bench,"* ]] && return 0
   return 1
@@ -294,6 +298,15 @@ stage_bench_ep() {
   (( rc == 0 && rcb == 0 && rcc == 0 ))
 }
 
+stage_ncu() {
+  local shapes=${GPU_CHECK_NCU_SHAPES:-32,4,2048,1024,16384 32,8,7168,2048,2048} rc=0
+  # shellcheck disable=SC2086  # the shapes are words
+  NCU_DIR=$LOGS/ncu tmo bash launch/ncu_compare.sh "$BUILD" $shapes > "$LOGS/ncu_table.txt" 2>&1 || rc=$?
+  cat "$LOGS/ncu_table.txt"
+  KEY_FIG="$(grep -c ' | ' "$LOGS/ncu_table.txt" || true) table rows (ncu_table.txt)"
+  return $rc
+}
+
 # ---- the end: summary, logs tarball, file count ----------------------------------------------------
 
 FINISHED=0
@@ -314,6 +327,7 @@ finish() {
       [[ -f $LOGS/$f.txt ]] && { echo; echo "## $f"; cat "$LOGS/$f.txt"; }
     done
     [[ -f $LOGS/bench_ep_table.txt ]] && { echo; echo "## epmoe_bench_ep"; cat "$LOGS/bench_ep_table.txt"; }
+    [[ -f $LOGS/ncu_table.txt ]] && { echo; echo "## ncu_compare"; cat "$LOGS/ncu_table.txt"; }
     if [[ -f $LOGS/sass.log ]]; then echo; echo "## SASS (sm90 up/down kernels)"; sed -n '/HGMMA  LDL/,$p' "$LOGS/sass.log" | head -20; fi
     echo
     cat "$OUT/summary.txt.head"
@@ -347,6 +361,7 @@ run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_ep 180 stage_bench_ep
+run_stage ncu 240 stage_ncu
 
 overall=0
 for s in "${ORDER[@]}"; do [[ ${STATUS[$s]} == FAIL ]] && overall=1; done
