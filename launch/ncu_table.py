@@ -2,6 +2,7 @@
 """Side-by-side per-kernel counters from Nsight Compute raw CSV exports (launch/ncu_compare.sh).
 
   python3 launch/ncu_table.py SHAPE LABEL=FILE.csv [LABEL=FILE.csv ...]
+  python3 launch/ncu_table.py --self-test          check the parser on a built-in sample
 
 SHAPE is E,k,hidden,ffn,T. Each FILE is `ncu --import R.ncu-rep --csv --page raw --print-units base`.
 Launches of the same kernel (demangled name and grid) are folded into their median. The table puts
@@ -110,50 +111,94 @@ def fmt(v):
     return f"{v:.0f}" if a >= 1000 else f"{v:.1f}" if a >= 10 else f"{v:.3f}"
 
 
+def build_table(shape, runs):
+    """runs: [(label, csv path)] -> [(label, kernel, grid, launches, [cell per COLUMNS])]."""
+    table = []
+    for label, path in runs:
+        groups = {}
+        for name, grid, vals in read_launches(path):
+            groups.setdefault((name, grid), []).append(vals)
+        for (name, grid), launches in groups.items():
+            # a dense GEMM's label names it (LABEL=dense_up / dense_down); ours are named by kernel
+            macs = useful_macs(label if label.startswith("dense") else name, shape)
+            cells = []
+            for _, metric, scale in COLUMNS:
+                xs = [r.get(metric) for r in launches if r.get(metric) is not None]
+                v = statistics.median(xs) if xs else None
+                if v is None:
+                    cells.append(None)
+                elif scale is None:
+                    cells.append(v)
+                elif scale == "exec":  # taken as 2 ops per MAC (FLOPs); ~0.5 here would mean it counts MACs
+                    cells.append(v / 2 / macs if macs else None)
+                elif scale == "per_kmac":
+                    cells.append(v / macs * 1e3 if macs else None)
+                else:
+                    cells.append(v * scale)
+            table.append((label, short_name(name), grid, len(launches), cells))
+    return table
+
+
+def render(shape_text, table):
+    titles = ["run", "kernel", "grid", "n"] + [c[0] for c in COLUMNS]
+    widths = [max(len(titles[0]), *(len(t[0]) for t in table)), max(len(titles[1]), *(len(t[1]) for t in table)),
+              max(len(titles[2]), *(len(t[2]) for t in table)), 3]
+    widths += [max(len(c[0]), 7) for c in COLUMNS]
+    lines = [f"# ncu counters per useful MAC, shape E,k,hidden,ffn,T = {shape_text} (medians over each kernel's launches)",
+             " | ".join(t.rjust(w) for t, w in zip(titles, widths)),
+             "-+-".join("-" * w for w in widths)]
+    for label, name, grid, n, cells in table:
+        head = [label, name, grid, str(n)]
+        lines.append(" | ".join(s.rjust(w) for s, w in zip(head + [fmt(c) for c in cells], widths)))
+    return "\n".join(lines)
+
+
+SAMPLE = """==PROF== Disconnected from process 123
+"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","gpu__time_duration.sum","sm__cycles_elapsed.avg.per_second","lts__t_bytes.sum","sm__ops_path_tensor_src_bf16_dst_fp32.sum"
+"","","","","","","","","","","","usecond","Ghz","Gbyte",""
+"0","1","b","h","void epmoe::kernels::(anonymous namespace)::sm90_down_kernel<true>(CUtensorMap, long const*, int)","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","500","1.40","2","8,800,000,000"
+"1","1","b","h","void epmoe::kernels::(anonymous namespace)::sm90_down_kernel<true>(CUtensorMap, long const*, int)","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","520","1.44","4","8,800,000,000"
+"2","1","b","h","void epmoe::kernels::(anonymous namespace)::sm90_up_pair_kernel<2>(CUtensorMap, long const*, int)","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","n/a","1.5","1",""
+"""
+
+
+def self_test():
+    import os
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "s.csv")
+        with open(path, "w") as f:
+            f.write(SAMPLE)
+        shape = (2, 2, 1024, 512, 4096)  # T k = 8192 rows: DOWN 4.29e9 MACs, UP 8.59e9
+        table = build_table(shape, [("ours", path)])
+    assert [(t[1], t[3]) for t in table] == [("sm90_down_kernel<true>", 2), ("sm90_up_pair_kernel<2>", 1)], table
+    col = {c[0]: i for i, c in enumerate(COLUMNS)}
+    down, up = table[0][4], table[1][4]
+    assert abs(down[col["us"]] - 510.0) < 1e-9, down  # median of 500 and 520 us, through ns
+    assert abs(down[col["GHz"]] - 1.42) < 1e-9, down  # Ghz -> Hz -> GHz
+    macs = 8192 * 1024 * 512
+    assert abs(down[col["L2 B/kMAC"]] - 3e9 / macs * 1e3) < 1e-9, down  # median 3 Gbyte per kMAC
+    assert abs(down[col["exec/useful"]] - 8.8e9 / 2 / macs) < 1e-12, down  # thousands separators
+    assert up[col["us"]] is None and up[col["exec/useful"]] is None, up  # n/a and empty cells
+    assert abs(up[col["L2 B/kMAC"]] - 1e9 / (2 * macs) * 1e3) < 1e-9, up  # UP's MACs are twice DOWN's
+    assert useful_macs("dense_up", shape) == 2 * macs and useful_macs("nvjet_tst_256x128", shape) is None
+    text = render("2,2,1024,512,4096", table)
+    assert "sm90_down_kernel<true>" in text and "510.0" in text, text
+    print("ncu_table self-test: OK")
+
+
 def main():
+    if sys.argv[1:] == ["--self-test"]:
+        self_test()
+        return 0
     if len(sys.argv) < 3:
         print(__doc__)
         return 2
     shape = tuple(int(v) for v in sys.argv[1].split(","))
     if len(shape) != 5:
         raise SystemExit("SHAPE is E,k,hidden,ffn,T")
-    table = []
-    for arg in sys.argv[2:]:
-        label, _, path = arg.partition("=")
-        groups = {}
-        for name, grid, vals in read_launches(path):
-            groups.setdefault((name, grid), []).append(vals)
-        for (name, grid), runs in groups.items():
-            med = {}
-            for _, metric, _ in COLUMNS:
-                xs = [r.get(metric) for r in runs if r.get(metric) is not None]
-                med[metric] = statistics.median(xs) if xs else None
-            # a dense GEMM's label names it (LABEL=dense_up / dense_down); ours are named by kernel
-            macs = useful_macs(label if label.startswith("dense") else name, shape)
-            cells = []
-            for _, metric, scale in COLUMNS:
-                v = med[metric]
-                if v is None:
-                    cells.append(None)
-                elif scale is None:
-                    cells.append(v)
-                elif scale == "exec":  # tensor ops are 2 per MAC
-                    cells.append(v / 2 / macs if macs else None)
-                elif scale == "per_kmac":
-                    cells.append(v / macs * 1e3 if macs else None)
-                else:
-                    cells.append(v * scale)
-            table.append((label, short_name(name), grid, len(runs), cells))
-    titles = ["run", "kernel", "grid", "n"] + [c[0] for c in COLUMNS]
-    widths = [max(len(titles[0]), *(len(t[0]) for t in table)), max(len(titles[1]), *(len(t[1]) for t in table)),
-              max(len(titles[2]), *(len(t[2]) for t in table)), 3]
-    widths += [max(len(c[0]), 7) for c in COLUMNS]
-    print(f"# ncu counters per useful MAC, shape E,k,hidden,ffn,T = {sys.argv[1]} (medians over each kernel's launches)")
-    print(" | ".join(t.rjust(w) for t, w in zip(titles, widths)))
-    print("-+-".join("-" * w for w in widths))
-    for label, name, grid, n, cells in table:
-        head = [label, name, grid, str(n)]
-        print(" | ".join(s.rjust(w) for s, w in zip(head + [fmt(c) for c in cells], widths)))
+    runs = [tuple(arg.partition("=")[::2]) for arg in sys.argv[2:]]
+    print(render(sys.argv[1], build_table(shape, runs)))
     return 0
 
 
