@@ -361,7 +361,7 @@ run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_ep 180 stage_bench_ep
-run_stage ncu 240 stage_ncu
+run_stage ncu 300 stage_ncu
 
 overall=0
 for s in "${ORDER[@]}"; do [[ ${STATUS[$s]} == FAIL ]] && overall=1; done

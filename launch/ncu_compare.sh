@@ -16,7 +16,7 @@
 # CSVs and logs go to ${NCU_DIR:-${OUT:-/tmp}}/ncu_* (the .ncu-rep reports too with NCU_KEEP_REP=1);
 # metrics this ncu does not know are left out.
 set -euo pipefail
-[[ $# -ge 2 ]] || { sed -n 2,16p "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n 2,17p "$0"; exit 2; }
 BUILD=$1
 shift
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -57,9 +57,7 @@ else:
 a, b = a.bfloat16(), b.bfloat16()
 torch.cuda.synchronize()
 for i in range(5):
-    torch.cuda.nvtx.range_push(f"gemm{i}")
     c = a @ b.t()
-    torch.cuda.nvtx.range_pop()
 torch.cuda.synchronize()
 print(f"dense {sys.argv[2]} {sys.argv[1]}: {tuple(c.shape)} ok", flush=True)
 PY
@@ -71,6 +69,7 @@ export_csv() {
   [[ ${NCU_KEEP_REP:-0} == 1 ]] || rm -f "$1.ncu-rep"
 }
 
+fail=0
 for shape in "$@"; do
   tag=${shape//,/_}
   args=()
@@ -78,14 +77,17 @@ for shape in "$@"; do
     rep=$OUTD/ncu_${tag}_dense_${which}
     # the GEMM kernels only (not torch's randn / cast kernels); skip the 2 warm-up launches
     "${NCU[@]}" -k regex:'gemm|nvjet|xmma|cutlass|sm90' --launch-skip 2 --launch-count 3 -f -o "$rep" \
-      python3 "$DENSE_PY" "$shape" "$which" > "$rep.log" 2>&1 || { echo "ncu_compare: dense $which failed:"; tail -5 "$rep.log"; }
+      python3 "$DENSE_PY" "$shape" "$which" > "$rep.log" 2>&1 ||
+      { fail=1; echo "ncu_compare: dense $which failed:"; tail -5 "$rep.log"; }
     export_csv "$rep" && args+=("dense_$which=$rep.csv")
   done
   rep=$OUTD/ncu_${tag}_ours
   "${NCU[@]}" -k regex:'sm90_' --launch-count "${NCU_OURS_LAUNCHES:-12}" -f -o "$rep" \
     "$BENCH" --shape "$shape" --no-check --iters 3 --warmup-ms 0 > "$rep.log" 2>&1 ||
-    { echo "ncu_compare: ours failed:"; tail -5 "$rep.log"; }
+    { fail=1; echo "ncu_compare: ours failed:"; tail -5 "$rep.log"; }
   export_csv "$rep" && args+=("ours=$rep.csv")
-  if ((${#args[@]})); then python3 "$HERE/ncu_table.py" "$shape" "${args[@]}"; else echo "ncu_compare: $shape: no reports"; fi
+  if ((${#args[@]} == 3)); then python3 "$HERE/ncu_table.py" "$shape" "${args[@]}" || fail=1
+  else fail=1; echo "ncu_compare: $shape: ${#args[@]} of 3 reports"; ((${#args[@]})) && python3 "$HERE/ncu_table.py" "$shape" "${args[@]}"; fi
   echo
 done
+exit $fail
