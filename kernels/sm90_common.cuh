@@ -189,6 +189,21 @@ __device__ __forceinline__ uint64_t smem_desc_sw128_join(uint32_t lo) {
   return (uint64_t(kSmemDescSw128Hi) << 32) | lo;
 }
 __device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t saddr) { return smem_desc_sw128_join(smem_desc_sw128_lo(saddr)); }
+// Warp-uniform values. HGMMA takes its descriptors from uniform registers; ptxas computes them in the
+// uniform datapath (one UIADD3 per warp) only where it can prove the control flow warp-uniform, and
+// otherwise builds them in vector registers and copies each with R2UR at every HGMMA (ncu S36-5:
+// ~4.4 R2UR and ~15 vector integer instructions per HGMMA). A value loaded from memory, or derived from
+// threadIdx.x, is not provably uniform; redux.sync writes a uniform register, so passing such a value
+// through it makes the branches, loop bounds and descriptors built on it uniform (a __shfl_sync
+// broadcast does not: SASS, session 37). Every lane of the warp must call these, holding the same value.
+__device__ __forceinline__ uint32_t warp_uniform_u32(uint32_t v) { return __reduce_max_sync(0xffffffffu, v); }
+__device__ __forceinline__ int32_t warp_uniform_i32(int32_t v) { return int32_t(warp_uniform_u32(uint32_t(v))); }
+__device__ __forceinline__ int64_t warp_uniform_i64(int64_t v) {
+  const uint64_t u = uint64_t(v);
+  return int64_t((uint64_t(warp_uniform_u32(uint32_t(u >> 32))) << 32) | warp_uniform_u32(uint32_t(u)));
+}
+// This thread's warpgroup (0 = producer), provably warp-uniform. All lanes active.
+__device__ __forceinline__ int warpgroup_index() { return int(warp_uniform_u32(threadIdx.x / 128)); }
 // An opaque copy: the compiler cannot recompute the result from the shared-memory symbol it came
 // from, so a value hoisted out of a loop stays in one register instead of being rematerialized
 // (several integer instructions per k step in the consumers' issue path).

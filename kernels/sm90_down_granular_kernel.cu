@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   init_ring_barriers<false>(full0, empty0, 1);  // full: thread 0's arrive.expect_tx (or its end marker)
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
   const int num_k = ffn / kBK;
 
   if (wg == 0) {
@@ -304,7 +304,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (;;) {
       const uint32_t s0 = cs.it % kStages;
       mbar_wait(full0 + 8 * s0, (cs.it / kStages) & 1u);
-      const GranularDownItem gi = slots[s0];
+      GranularDownItem gi = slots[s0];
+      gi.n = warp_uniform_i32(gi.n);  // (uniform: it picks the k loop, whose descriptors then stay uniform)
       if (gi.n == 0) break;
       switch (gi.n) {
 #define EPMOE_GRANULAR_DOWN_CASE(N) \

@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   init_ring_barriers<kCluster>(full0, empty0, 1);  // full: the producer's arrive.expect_tx
 
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
   const int num_k = ffn / kBK;
   const int64_t stride = work_stride<kCluster>();
   // Ring accounting as in the UP kernel: use `it` (over all items) takes stage it % kStages, round

@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (split && threadIdx.x == 0) grid_dependency_wait();
     return;
   }
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
 
   if (wg == 0) {
     // ---------------- producer: thread 0 decodes and issues ----------------
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     setmaxnreg_inc<kTallConsumerRegs>();
     const int c = wg - 1;
     const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31);
-    // Loop invariants pinned (as consume_item): descriptor low words and the barrier base.
+    // Loop invariants: the descriptor low words (uniform registers) and the barrier base (pinned).
     const TallDescs d = tall_descs(sA, sB, c);
     const uint32_t fb = pin_u32(full0);
     uint32_t s = 0, ph = 0;  // ring position (stage, round parity) as the producer's, no divisions by 3

@@ -98,7 +98,7 @@ struct TallDescs {
   uint32_t da0, db0, dx_off, dbx_off;
 };
 __device__ __forceinline__ TallDescs tall_descs(uint32_t sA, uint32_t sB, int c) {
-  return {pin_u32(smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128)), pin_u32(smem_desc_sw128_lo(sB)),
+  return {smem_desc_sw128_lo(sA + uint32_t(c) * 64 * 128), smem_desc_sw128_lo(sB),
           (128u * 128u - uint32_t(c) * 64u * 128u) >> 4, (uint32_t(c) * 128u * 128u) >> 4};
 }
 // One k step on ring stage s: wgmma fence, tall_stage_mma, commit (the caller waits and releases).

@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // As in the 128-row UP kernel: let the DOWN grid (PDL) launch once every CTA has started; DOWN reads
   // act only after griddepcontrol.wait, which waits for this whole grid.
   grid_launch_dependents();
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
   const int num_k = hidden / kBK;
 
   if (wg == 0) {
@@ -224,7 +224,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (;;) {
       const uint32_t s0 = it % kStages;
       mbar_wait(full0 + 8 * s0, (it / kStages) & 1u);
-      const GranularItem gi = slots[s0];
+      GranularItem gi = slots[s0];
+      gi.n = warp_uniform_i32(gi.n);  // (uniform: it picks the k loop, whose descriptors then stay uniform)
       if (gi.n == 0) break;
       switch (gi.n) {
 #define EPMOE_GRANULAR_CASE(N)                                                                                   \

@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // refills slot s only after this CTA's consumers released it (empty[s] counts both CTAs).
   init_ring_barriers<kCluster>(full0, empty0, x != nullptr ? 1 + kProducerThreads : 1);
 
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
   const int num_k = hidden / kBK;
   const int64_t stride = work_stride<kCluster>();
   // The ring runs on across items: use number `it` (counted over all items of this CTA) takes stage
@@ -446,7 +446,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int st = 0; st < kStages; ++st) mbar_init(half0 + 8 * st, kPairGatherThreads);
   init_ring_barriers<true>(full0, empty0, 2);  // (its fence and cluster barrier cover half_full too)
 
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
   const int num_k = hidden / kBK;
   const int64_t first = work_first<true>(), stride = work_stride<true>();
 

@@ -100,7 +100,7 @@ __device__ __forceinline__ void consume_tall_items(int items, int num_k, uint32_
                                                    uint32_t empty0, const int2* item_slots,
                                                    __nv_bfloat16* __restrict__ act, int ffn, bool tanh_form,
                                                    bool gathered_in) {
-  const int c = int(threadIdx.x / 128) - 1;
+  const int c = warpgroup_index() - 1;
   const int warp = int(threadIdx.x / 32) & 3, lane = int(threadIdx.x & 31), q = lane & 3;
   const TallDescs d = tall_descs(sA, sB, c);
   const uint32_t fb = pin_u32(full0);
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool split = split_ctas > 0;  // the split UP's 192-row half (its rule's CTA count)
   const bool zero_gap = zero_gap_in != 0;
   build_tall_schedule(padded_offsets, pair_row, experts, nn, item_off, seg64, split_ctas);  // (ends in a CTA barrier)
-  const int64_t items = item_off[experts];
+  const int64_t items = warp_uniform_i64(item_off[experts]);  // (uniform: the consumers' loop bound)
   ZeroPlan zero = make_zero_plan<false>(zero_out, zero_chunks, items);
   if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
     zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
@@ -246,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   grid_launch_dependents();  // as in sm90_up_kernel: DOWN waits for this whole grid before reading act
-  const int wg = int(threadIdx.x / 128);
+  const int wg = warpgroup_index();
 
   if (wg == 0) {
     // ---------------- producer: warp 0 decodes (every lane), lane 0 issues ----------------

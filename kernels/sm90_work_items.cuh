@@ -187,6 +187,8 @@ __device__ __forceinline__ WorkGrid make_work_grid(int nn, const int64_t* __rest
     g.tail = tail_split(g.items, tail_workers);
     g.items = g.tail.items;
   }
+  g.total = warp_uniform_i64(g.total);  // (uniform: the early exits and the consumers' loop bounds)
+  g.items = warp_uniform_i64(g.items);
   return g;
 }
 template <bool kCluster>
@@ -318,7 +320,11 @@ __device__ __forceinline__ void publish_item(int2* slots, uint32_t s, const Work
   slots[s] = make_int2(int(wi.m0 >> 7), wi.nb | (wi.half << kItemHalfShift) | (wi.compute ? 0 : kItemIdleBit));
 }
 __device__ __forceinline__ ItemView read_item(const int2* slots, uint32_t s) {
-  const int2 v = slots[s];
+  // Made warp-uniform (every lane read the same slot), so the item's branches and the k loop's
+  // descriptors can stay in the uniform datapath.
+  int2 v = slots[s];
+  v.x = warp_uniform_i32(v.x);
+  v.y = warp_uniform_i32(v.y);
   return {int64_t(v.x) * kBM, v.y & kItemNbMask, (v.y & kItemIdleBit) == 0, (v.y >> kItemHalfShift) & 3};
 }
 
@@ -361,9 +367,10 @@ __device__ __forceinline__ ItemView consume_item(float (&acc)[128], uint32_t& it
     return iv;
   }
   const uint32_t both = iv.half != 0 ? 2u : 1u;  // arrivals per release from stage 1 on
-  // Loop invariants pinned (pin_u32): the descriptors' low words, the full-barrier base and the fence
-  // flag would otherwise be recomputed from the shared-memory symbol / kernel parameters every step.
-  const uint32_t da0 = pin_u32(smem_desc_sw128_lo(sA + a_off)), db0 = pin_u32(smem_desc_sw128_lo(sB));
+  // The descriptors' low words: uniform registers (warp_uniform_*), one UIADD3 per warp and k16 step.
+  // The full-barrier base and the fence flag stay pinned (pin_u32), else they are recomputed from the
+  // shared-memory symbol / kernel parameters every step.
+  const uint32_t da0 = smem_desc_sw128_lo(sA + a_off), db0 = smem_desc_sw128_lo(sB);
   full0 = pin_u32(full0);
   const bool fence_each_stage = pin_u32(proxy_fence ? 1u : 0u) != 0;
   for (int kt = 0; kt < num_k; ++kt, ++it) {
