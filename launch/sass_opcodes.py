@@ -7,6 +7,8 @@ opcodes, none ambiguous); `learn` rebuilds it from new dumps. Unknown opcodes pr
 
   python3 launch/sass_opcodes.py hist CUBIN [NAME_FILTER]   counts per kernel
   python3 launch/sass_opcodes.py loop CUBIN NAME_FILTER     opcodes around the HGMMAs
+  python3 launch/sass_opcodes.py uniform CUBIN ...          fail if a kernel's k loops copy descriptors
+                                                             with R2UR (> 0.5 per HGMMA)
   python3 launch/sass_opcodes.py learn DUMP.sass ...        print a new OPCODES table
   python3 launch/sass_opcodes.py --self-test                 check the parsers on synthetic input
 
@@ -83,6 +85,44 @@ def learn(lines):
     return {k: v.most_common(1)[0][0] for k, v in sorted(tab.items())}
 
 
+def descriptor_copies(ops):
+    """(HGMMAs, R2URs in their issue windows). A window is a run of HGMMAs at most 16 instructions
+    apart, from the WARPGROUP (arrive) before its first one (or 12 instructions before it) to its last:
+    where descriptors built in vector registers are copied to uniform ones, ~4 R2UR per HGMMA."""
+    at = [i for i, o in enumerate(ops) if o == "HGMMA"]
+    copies, g = 0, 0
+    while g < len(at):
+        h = g
+        while h + 1 < len(at) and at[h + 1] - at[h] <= 16:
+            h += 1
+        start = max(0, at[g] - 12)
+        for i in range(at[g] - 1, max(-1, at[g] - 40), -1):
+            if ops[i] == "WARPGROUP":
+                start = min(start, i)
+                break
+        copies += ops[start:at[h]].count("R2UR")
+        g = h + 1
+    return len(at), copies
+
+
+def uniform_check(paths, limit=0.5, quiet=False):
+    """True when every kernel with HGMMAs in these cubins copies at most `limit` R2UR per HGMMA."""
+    ok, seen = True, 0
+    for path in paths:
+        for name, data in text_sections(path):
+            n, copies = descriptor_copies(opcodes(data))
+            if n == 0:
+                continue
+            seen += 1
+            bad = copies > limit * n
+            ok &= not bad
+            if not quiet:
+                print(f"{'FAIL' if bad else 'ok  '} {copies:4d} R2UR / {n:3d} HGMMA  {name[:90]}")
+    if seen == 0:
+        print("no kernel with HGMMA found")
+    return ok and seen > 0
+
+
 def tiny_cubin(path, words):
     """A minimal ELF64 with one section .text.k holding one 16-byte instruction per 64-bit low word."""
     text = b"".join(struct.pack("<QQ", w, 0) for w in words)
@@ -119,6 +159,12 @@ def self_test():
         tiny_cubin(p, [0x00000000031072CA, 0x03E000001C1879F0, 0x00000000031072CA, 0xFFF])
         (name, data), = text_sections(p)
         assert name == "k" and opcodes(data) == ["R2UR", "HGMMA", "R2UR", "?fff"], opcodes(data)
+        hg, r2 = 0x03E000001C1879F0, 0x00000000031072CA
+        tiny_cubin(p, [r2, r2, hg, r2, r2, hg])  # descriptors copied before each HGMMA: fails
+        assert descriptor_copies(opcodes(next(text_sections(p))[1])) == (2, 4)
+        assert not uniform_check([p], quiet=True)
+        tiny_cubin(p, [r2, 0xFFF] + [0xFFF] * 12 + [hg, 0xFFF, hg])  # an R2UR far before the loop: passes
+        assert uniform_check([p], quiet=True)
     print("sass_opcodes self-test: OK")
 
 
@@ -129,6 +175,8 @@ def main(argv):
     if len(argv) < 3:
         raise SystemExit(__doc__)
     mode = argv[1]
+    if mode == "uniform":
+        sys.exit(0 if uniform_check(argv[2:]) else 1)
     if mode == "learn":
         lines = [line for path in argv[2:] for line in open(path)]
         try:

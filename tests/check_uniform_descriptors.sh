@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The sm_90a kernels' wgmma descriptors stay in the uniform datapath (docs/PERF.md, session 37: one
+# loop bound ptxas could not prove warp-uniform put ~4 R2UR before every HGMMA and cost the 16k layer
+# 0.6-1.8%). Compiles the kernel files that issue HGMMA to cubins with the release flags and checks
+# with launch/sass_opcodes.py that no kernel copies its descriptors with R2UR in its k loops. No GPU.
+#   check_uniform_descriptors.sh NVCC PYTHON SOURCE_DIR GENERATED_DIR WORK_DIR
+set -euo pipefail
+nvcc=$1 py=$2 src=$3 gen=$4 work=$5
+mkdir -p "$work"
+cubins=()
+pids=()
+for f in sm90_up_kernel sm90_down_kernel sm90_up_tall_kernel sm90_down_tall_kernel sm90_up_granular_kernel \
+         sm90_down_granular_kernel; do
+  "$nvcc" -I"$src" -I"$src/src" -I"$gen" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
+          --expt-relaxed-constexpr -std=c++20 -cubin "$src/kernels/$f.cu" -o "$work/$f.cubin" &
+  pids+=($!)
+  cubins+=("$work/$f.cubin")
+done
+rc=0
+for p in "${pids[@]}"; do wait "$p" || rc=1; done
+if (( rc != 0 )); then
+  echo "nvcc failed on a kernel file"
+  exit 1
+fi
+exec "$py" "$src/launch/sass_opcodes.py" uniform "${cubins[@]}"
