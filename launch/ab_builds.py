@@ -14,7 +14,7 @@ check (unless --no-check), then `rounds` rounds of one process per variant in th
 AB, ... (each process warms up before each shape, so each variant is timed at its own steady state),
 and prints per shape and region the ms of every round, B/A per round (the pair of one round) and
 the rounds B won. Default shapes: 16k and 7168/T=2k. A process that exceeds --timeout is killed
-and its finished rows still count (size --timeout for the shapes: ~15 s per shape and process).
+and its finished rows still count (size --timeout for the shapes: ~20 s per shape and process).
 Logs and ab_builds.json go to --out (default $OUT or ./ab_builds_out).
 """
 import argparse
