@@ -7,12 +7,19 @@
 set -euo pipefail
 nvcc=$1 py=$2 src=$3 gen=$4 work=$5
 mkdir -p "$work"
+# Every kernel file that issues wgmma (directly or through the shared k loops), so a new one is checked too.
+mapfile -t files < <(grep -l 'wgmma_m64n256k16_bf16\|WgmmaN<\|consume_item(\|tall_k_step\|tall_stage_mma' \
+                     "$src"/kernels/*.cu)
+if (( ${#files[@]} == 0 )); then
+  echo "no wgmma kernel file found under $src/kernels"
+  exit 1
+fi
 cubins=()
 pids=()
-for f in sm90_up_kernel sm90_down_kernel sm90_up_tall_kernel sm90_down_tall_kernel sm90_up_granular_kernel \
-         sm90_down_granular_kernel; do
+for path in "${files[@]}"; do
+  f=$(basename "$path" .cu)
   "$nvcc" -I"$src" -I"$src/src" -I"$gen" -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
-          --expt-relaxed-constexpr -std=c++20 -cubin "$src/kernels/$f.cu" -o "$work/$f.cubin" &
+          --expt-relaxed-constexpr -std=c++20 -cubin "$path" -o "$work/$f.cubin" &
   pids+=($!)
   cubins+=("$work/$f.cubin")
 done
