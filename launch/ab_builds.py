@@ -120,7 +120,24 @@ def self_test():
     assert len(s["full"]["ratios"]) == 2 and abs(s["full"]["ratios"][0] - 0.99) < 1e-9, s["full"]
     assert s["full"]["wins"] == 2 and s["seed"]["wins"] == 0 and s["down"]["wins"] == 2, s
     assert s["full"]["a"] == [1.36, 1.36, 1.36] and s["full"]["b"] == [1.3464, 1.3464], s["full"]
+    assert join_flag_values(["--b-flags", "-DX=1 -DY", "--rounds", "2", "--a-flags", ""]) == \
+        ["--b-flags=-DX=1 -DY", "--rounds", "2", "--a-flags="]
+    assert join_flag_values(["--b-flags=-DX"]) == ["--b-flags=-DX"]
     print("ab_builds self-test: OK")
+
+
+def join_flag_values(argv):
+    """--a-flags/--b-flags take compiler flags, which start with '-' and so would be read by argparse
+    as options (S38-0: `--b-flags -DX=1` stopped with "expected one argument"): join them as --x=VALUE."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in ("--a-flags", "--b-flags") and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def main():
@@ -137,7 +154,7 @@ def main():
     ap.add_argument("--timeout", type=int, default=170)
     ap.add_argument("--out", default=os.environ.get("OUT", "ab_builds_out"))
     ap.add_argument("--no-check", action="store_true")
-    o = ap.parse_args()
+    o = ap.parse_args(join_flag_values(sys.argv[1:]))
     shapes = o.shape or ["32,4,2048,1024,16384", "32,8,7168,2048,2048"]
     os.makedirs(o.out, exist_ok=True)
     env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
