@@ -258,7 +258,7 @@ void NcclCommunicator::wait_ready(const char* what) {
   }
 }
 
-void NcclCommunicator::host_wait(cudaEvent_t event, cudaStream_t stream, const char* what) {
+void NcclCommunicator::wait_on(cudaEvent_t event, cudaStream_t stream, const char* what) {
   ensure_usable(what);
   DeviceGuard guard(device_);
   const double start = now_seconds();
@@ -277,7 +277,7 @@ void NcclCommunicator::host_wait(cudaEvent_t event, cudaStream_t stream, const c
   poll_async_error(what);
 }
 
-void NcclCommunicator::host_wait_stream(cudaStream_t stream, const char* what) { host_wait(nullptr, stream, what); }
+void NcclCommunicator::host_wait_stream(cudaStream_t stream, const char* what) { wait_on(nullptr, stream, what); }
 
 void NcclCommunicator::check_call(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return;
@@ -398,7 +398,7 @@ void NcclCommunicator::allreduce_max_host(int64_t* values, size_t count, const c
   check_call(ncclAllReduce(scratch_dev_, scratch_dev_, count, ncclInt64, ncclMax, comm_, comm_stream_), what);
   EPMOE_CUDA_CHECK(cudaMemcpyAsync(scratch_host_, scratch_dev_, bytes, cudaMemcpyDeviceToHost, comm_stream_));
   EPMOE_CUDA_CHECK(cudaEventRecord(comm_done_, comm_stream_));
-  host_wait(comm_done_, nullptr, what);
+  wait_on(comm_done_, nullptr, what);
   std::memcpy(values, scratch_host_, bytes);
 }
 
@@ -412,14 +412,6 @@ void NcclCommunicator::barrier() {
 }
 
 // ---- free functions --------------------------------------------------------------------------
-
-void nccl_host_wait(Communicator& comm, void* cuda_stream, const char* what) {
-  if (auto* nccl = dynamic_cast<NcclCommunicator*>(&comm)) {
-    nccl->host_wait_stream(static_cast<cudaStream_t>(cuda_stream), what);
-    return;
-  }
-  EPMOE_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream)));
-}
 
 void nccl_abort(Communicator& comm) {
   auto* nccl = dynamic_cast<NcclCommunicator*>(&comm);

@@ -61,6 +61,9 @@ class NcclCommunicator final : public Communicator {
   // Host wait, with the watchdog, for everything queued so far on the caller stream / on `stream`.
   void synchronize(const char* what) { host_wait_stream(caller_, what); }
   void host_wait_stream(cudaStream_t stream, const char* what);
+  void host_wait(void* cuda_stream, const char* what) override {
+    host_wait_stream(static_cast<cudaStream_t>(cuda_stream), what);
+  }
   // ncclCommAbort now (also when borrowed); later collectives throw Error(comm_error).
   void abort();
 
@@ -84,7 +87,7 @@ class NcclCommunicator final : public Communicator {
   ncclResult_t poll_async_error(const char* what);
   void check_deadline(double started_s, const char* what);
   // Host wait on `event` if not null, else on `stream`.
-  void host_wait(cudaEvent_t event, cudaStream_t stream, const char* what);
+  void wait_on(cudaEvent_t event, cudaStream_t stream, const char* what);
   void allreduce_max_host(int64_t* values, size_t count, const char* what);
   void ensure_scratch(size_t count);
   void finalize_and_destroy() noexcept;
@@ -105,10 +108,6 @@ class NcclCommunicator final : public Communicator {
   size_t scratch_capacity_ = 0;  // in int64 words
 };
 
-// Host wait for `cuda_stream` with the NCCL watchdog when `comm` is an NcclCommunicator (a dead
-// peer then raises Error(timeout / comm_error) instead of hanging); plain cudaStreamSynchronize
-// otherwise. For the GPU engine's device-to-host copies of exchanged counts.
-void nccl_host_wait(Communicator& comm, void* cuda_stream, const char* what);
 
 // Aborts the NCCL communicator behind `comm` (Error(invalid_argument) if it is not one): for
 // tearing down after a fatal error, and for tests that simulate a dead peer.

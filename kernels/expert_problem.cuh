@@ -1,15 +1,13 @@
-// The contract between the GPU engine and every local-expert path (cuBLAS fallback, sm_90 split
-// pipeline): what the experts read and where they reduce. All pointers are device pointers.
+// The contract between the GPU engine and every local-expert path (sm_90 kernels, cuBLAS fallback):
+// what the experts read and where they reduce. All pointers are device pointers.
 //
-//   xs[rows_capacity, hidden] bf16     gathered rows, expert-sorted, each expert's segment padded to
-//                                      kExpertTile rows; padding rows are zero
-//   x[x_rows, hidden] bf16             optional (sm_90 path): the rows in their own (token) order.
-//                                      When set, the UP kernel gathers xs[i] = x[pair_row[i]] itself
-//                                      (zero for padding or pair_row outside [0, x_rows)) and xs is
-//                                      neither read nor needed; the cuBLAS path always reads xs.
-//   padded_offsets[E_local + 1] i64    segment starts in xs (device; the host may not know them)
-//   pair_row[rows_capacity] i32        for each xs row: destination row in `out`, -1 for padding;
-//                                      padding rows are each segment's tail (as expert_layout
+//   x[x_rows, hidden] bf16             the received rows in their own order; the sm_90 UP gathers
+//                                      row pair_row[i] for each expert-sorted row i itself
+//   xs[rows_capacity, hidden] bf16     cuBLAS path only: the rows expert-sorted, each expert's segment
+//                                      padded to kExpertTile rows, padding rows zero (gather_rows)
+//   padded_offsets[E_local + 1] i64    segment starts (device; the host may not know them)
+//   pair_row[rows_capacity] i32        for each expert-sorted row: its row in x and in `out`, -1 for
+//                                      padding; padding rows are each segment's tail (as expert_layout
 //                                      writes them; the sm_90 kernels' padding halves rely on it)
 //   pair_weight[rows_capacity] f32     routing weight of that (row, expert) pair, 0 for padding
 //   w1[E_local, 2*ffn, hidden] bf16    rows 0..ffn-1 gate, ffn..2ffn-1 up
@@ -30,9 +28,9 @@ namespace epmoe::kernels {
 inline constexpr int kExpertTile = 128;
 
 struct ExpertProblem {
-  const __nv_bfloat16* xs = nullptr;
-  const __nv_bfloat16* x = nullptr;  // see above: fused gather on the sm_90 path when non-null
+  const __nv_bfloat16* x = nullptr;
   int64_t x_rows = 0;
+  const __nv_bfloat16* xs = nullptr;  // (cuBLAS path)
   const int64_t* padded_offsets = nullptr;
   const int32_t* pair_row = nullptr;
   const float* pair_weight = nullptr;
@@ -40,7 +38,7 @@ struct ExpertProblem {
   const __nv_bfloat16* w2 = nullptr;
   __nv_bfloat16* act = nullptr;
   __nv_bfloat16* out = nullptr;
-  int64_t rows_capacity = 0;  // rows allocated in xs/act/pair_*: >= padded_offsets[E_local]
+  int64_t rows_capacity = 0;  // rows allocated in act/pair_* (and xs): >= padded_offsets[E_local]
   int64_t out_rows = 0;
   int experts = 0;            // E_local
   int hidden = 0;
@@ -49,15 +47,43 @@ struct ExpertProblem {
   // zeroing overlaps its GEMM instead of running as a memset before it (DOWN reduces only after the
   // UP grid completed). Must be false for the cuBLAS path and for a DOWN launched without its UP.
   bool zero_out = false;
-  // sm_90 granular kernels only (EPMOE_SM90_UP_TILES / EPMOE_SM90_DOWN_TILES=granular,
-  // sm90_*_granular_kernel.cu); without them the 128-row kernels run:
-  //   expert_counts i64[E_local]  real rows of each segment (device)
-  //   work_counters i32[4]        item claim counters, [0..1] UP's, [2..3] DOWN's (the two kernels
-  //                               overlap under PDL): zero before the first launch, and each kernel
-  //                               leaves its pair zero (its last CTA resets it), so graph replays
-  //                               need no memset; one set per stream that runs the kernels
-  const int64_t* expert_counts = nullptr;
-  int32_t* work_counters = nullptr;
 };
+
+// The expert layout's device arrays (expert_layout, or a host-built layout uploaded).
+struct ExpertLayoutView {
+  const int64_t* padded_offsets = nullptr;
+  const int32_t* pair_row = nullptr;
+  const float* pair_weight = nullptr;
+  int64_t rows_capacity = 0;
+};
+// The weights of this rank's experts.
+struct ExpertWeightsView {
+  const __nv_bfloat16* w1 = nullptr;
+  const __nv_bfloat16* w2 = nullptr;
+  int experts = 0, hidden = 0, ffn = 0;
+};
+
+// One problem from its parts, as the engine, the benchmark and the tests build it.
+inline ExpertProblem make_expert_problem(const ExpertWeightsView& w, const __nv_bfloat16* x, int64_t x_rows,
+                                         const ExpertLayoutView& layout, __nv_bfloat16* act, __nv_bfloat16* out,
+                                         int64_t out_rows, bool zero_out = false) {
+  ExpertProblem p;
+  p.x = x;
+  p.x_rows = x_rows;
+  p.padded_offsets = layout.padded_offsets;
+  p.pair_row = layout.pair_row;
+  p.pair_weight = layout.pair_weight;
+  p.rows_capacity = layout.rows_capacity;
+  p.w1 = w.w1;
+  p.w2 = w.w2;
+  p.experts = w.experts;
+  p.hidden = w.hidden;
+  p.ffn = w.ffn;
+  p.act = act;
+  p.out = out;
+  p.out_rows = out_rows;
+  p.zero_out = zero_out;
+  return p;
+}
 
 }  // namespace epmoe::kernels

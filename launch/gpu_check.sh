@@ -23,8 +23,8 @@
 #                                  the list holds "nobuild"; "bench" = both bench stages)
 #   GPU_CHECK_QUICK=1              shorter benches (EP: --shapes default instead of all)
 #   GPU_CHECK_BUDGET_S=580         the whole run's time budget; stages are cut to fit it (a device call
-#                                  allows 600 s; at 560 S38-2 cut bench_ep after 532 s of the other
-#                                  stages, and bench_ep alone takes ~46 s, S38-3)
+#                                  allows 600 s; at 560 a full check once cut bench_ep after 532 s of
+#                                  the other stages, and bench_ep alone takes ~46 s)
 #   GPU_CHECK_EXPERTS_SHAPES=full  --shapes for epmoe_bench_experts and baseline_moe.py
 #
 # $OUT gets at most 8 files: build.log, summary.txt, logs.tar.gz (every stage's log, the SASS
@@ -122,7 +122,7 @@ run_stage() {
   (( rc == 124 || rc == 137 )) && KEY_FIG="timed out (${limit}s) ${fig}"
   (( rc != 0 && rc != 124 && rc != 137 && timed_out )) && KEY_FIG="a command hit its time limit: ${fig}"
   # A failure at a limit the budget shortened is named as such: the stage was not verified, not broken.
-  # S39-7: the bench command was cut at its share of a shortened stage, the stage itself was not.
+  # (The bench command can be cut at its share of a shortened stage while the stage itself is not.)
   (( rc != 0 && cut > 0 && (timed_out || SECONDS - start >= limit - 2) )) &&
     KEY_FIG="cut by the time budget (${limit}s of its ${cut}s): ${fig}"
   STATUS[$name]=$st; SECS[$name]=$(( SECONDS - start )); KEY[$name]=${KEY_FIG:-rc=$rc}
@@ -251,7 +251,7 @@ sanitize_one() {
 # the 1-GPU forward, memcheck only: its kernels are the ones racechecked above, racecheck would need
 # minutes more, and the past-2^31 case (8 GB buffers) is left out. NCCL's communicator setup probes
 # its kernels with cudaFuncGetAttributes and gets cudaErrorNoKernelImageForDevice for the ones its
-# build has no image of (8 such reports in session 32, all in ncclInitKernelsForDevice): API errors
+# build has no image of (8 such reports seen, all in ncclInitKernelsForDevice): API errors
 # are not reported there (--report-api-errors no); the tests check every call of ours themselves.
 stage_sanitizer() {
   command -v compute-sanitizer > /dev/null || { KEY_FIG="no compute-sanitizer"; return 77; }

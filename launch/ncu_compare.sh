@@ -11,7 +11,7 @@
 #               kernel alone), the first NCU_OURS_LAUNCHES (default 12) launches
 # and prints launch/ncu_table.py's table: time, clock, cycles, and L2 / DRAM / shared-memory traffic
 # and instructions per useful MAC, with cuBLAS's kernel names (tile and cluster shape). Why: at the
-# 700 W cap our 16k layer takes cuBLAS's cycles at a 7% lower clock (docs/PERF.md, session 34), so
+# 700 W cap our 16k layer takes cuBLAS's cycles at a 7% lower clock (measured), so
 # the gap is energy per MAC, and these counters say where ours moves more than cuBLAS's.
 # CSVs and logs go to ${NCU_DIR:-${OUT:-/tmp}}/ncu_* (the .ncu-rep reports too with NCU_KEEP_REP=1);
 # metrics this ncu does not know are left out.

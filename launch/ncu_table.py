@@ -10,7 +10,7 @@ every counter per useful MAC of the kernel's GEMM, so that kernels of different 
 compare: the useful MACs of a kernel whose name holds "up" are T k hidden 2 ffn, of one whose name
 holds "down" T k hidden ffn (a kernel that covers only part of the rows, as the split pipeline's
 192-row halves, is then under-counted: read its 'exec/useful' column). Why per MAC: at the H200's
-700 W cap a kernel's time follows its energy per unit of work (docs/PERF.md, session 34), and the
+700 W cap a kernel's time follows its energy per unit of work (measured), and the
 bytes each MAC moves through L2, DRAM and shared memory, and the instructions it takes, are where
 that energy goes beside the tensor cores.
 """

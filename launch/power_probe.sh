@@ -4,7 +4,7 @@
 # first 0.7 s of them (the climb into the power cap; the board's instantaneous power overshoots to
 # 750-950 W there, so a threshold relative to the peak does not work). At the 700 W cap a kernel's
 # time follows its energy per unit of work, so two implementations of the same FLOPs compare as
-# (clock) x (work per cycle): this gives the first factor (docs/PERF.md, session 34).
+# (clock) x (work per cycle): this gives the first factor.
 #   launch/power_probe.sh LABEL CMD [ARGS...]      writes ${OUT:-/tmp}/power_LABEL.csv
 set -euo pipefail
 label=$1

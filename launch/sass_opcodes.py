@@ -2,7 +2,7 @@
 """sass_opcodes.py: opcode histograms of sm_90a cubins without cuobjdump (this build machine has none).
 
 The opcode of an sm_90a instruction is in the low 12 bits of its first 64-bit word. OPCODES below was
-learned from `cuobjdump --dump-sass` of this project's kernels on an H200 (session 37: 131 distinct
+learned from `cuobjdump --dump-sass` of this project's kernels on an H200 (131 distinct
 opcodes, none ambiguous); `learn` rebuilds it from new dumps. Unknown opcodes print as ?xyz.
 
   python3 launch/sass_opcodes.py hist CUBIN [NAME_FILTER]   counts per kernel
@@ -13,10 +13,10 @@ opcodes, none ambiguous); `learn` rebuilds it from new dumps. Unknown opcodes pr
   python3 launch/sass_opcodes.py --self-test                 check the parsers on synthetic input
 
 Used to check that the consumers' k loops advance their wgmma descriptors in the uniform datapath
-(UIADD3 / UMOV, no R2UR between HGMMAs) before spending device time (PERF.md, session 37). Build the
+(UIADD3 / UMOV, no R2UR between HGMMAs) before spending device time. Build the
 cubin with the project's flags, e.g.
   nvcc -I. -Isrc -Ibuild/generated -O3 -DNDEBUG -gencode=arch=compute_90a,code=sm_90a \
-       --expt-relaxed-constexpr -std=c++20 -cubin kernels/sm90_up_kernel.cu -o /tmp/up.cubin
+       --expt-relaxed-constexpr -std=c++20 -cubin kernels/sm90/up_kernel.cu -o /tmp/up.cubin
 """
 import collections
 import re

@@ -1,8 +1,12 @@
-// The GPU engine: the EP forward on the device, over a device communicator (NCCL).
+// The GPU engine: the EP forward on the device, over a device communicator (NCCL). One method per
+// phase, in the order the data flows:
 //
-//   layout (dispatch_layout + count_headers)  -> count exchange (alltoall_i64, the ONE host sync)
-//   -> pack + dispatch (alltoallv {rows, meta})  [side stream: zero the combine buffer]
-//   -> expert layout + gather + experts (sm90 or cuBLAS)  -> combine (alltoallv back)  -> reduce
+//   route_tokens    dispatch_layout + count_headers (bad arguments travel as a status)
+//   exchange_counts alltoall_i64 of the headers, the ONE host sync of the forward
+//   dispatch        pack + alltoallv {rows, meta}   [side stream: zero the combine buffer]
+//   run_experts     expert layout -> sm90 kernels (UP gathers its rows itself) or gather + cuBLAS
+//   combine         alltoallv of the expert outputs back to their source ranks
+//   source_reduce   each token's rows summed in fixed order into y
 //
 // Streams and ordering: all work goes on the caller's stream `s`, except the zeroing of the combine
 // buffer, which runs on a side stream between a fork event (after the buffers are sized) and a join
@@ -25,18 +29,15 @@
 
 #include "engine.h"
 #include "gpu_engine.h"
-#include "kernels/combine_reduce.cuh"
-#include "kernels/cublas_experts.cuh"
 #include "kernels/cuda_check.cuh"
-#include "kernels/dispatch_layout.cuh"
-#include "kernels/expert_layout.cuh"
+#include "kernels/ep/combine_reduce.cuh"
+#include "kernels/ep/dispatch_layout.cuh"
+#include "kernels/ep/expert_layout.cuh"
+#include "kernels/ep/pack_rows.cuh"
 #include "kernels/expert_problem.cuh"
-#include "kernels/gather_rows.cuh"
-#include "kernels/pack_rows.cuh"
-#include "kernels/sm90_experts.cuh"
-#if EPMOE_WITH_NCCL
-#include "comm/nccl_comm.h"
-#endif
+#include "kernels/fallback/cublas_experts.cuh"
+#include "kernels/fallback/gather_rows.cuh"
+#include "kernels/sm90/experts.cuh"
 
 namespace epmoe {
 
@@ -163,7 +164,7 @@ class GpuEngine final : public MoeLayer::Engine {
       case ExpertPath::cpu:
         EPMOE_FAIL(ErrorCode::invalid_argument, "expert_path cpu needs cpu weights; these are on cuda:", device_);
     }
-    fused_gather_ = path == ExpertPath::sm90 && kernels::sm90_fused_gather_enabled();
+    if (path == ExpertPath::sm90) sm90_device_ = kernels::sm90_device(device_);
 
     const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
     try {
@@ -180,8 +181,7 @@ class GpuEngine final : public MoeLayer::Engine {
       //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
       //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
       //   expert_off[El+1] + expert_cnt[El] (adjacent: one upload)   error[1] (int32, sticky)
-      //   work_counters[4] (int32: the granular kernels' item claims, zero and left zero)
-      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1, 2};
+      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1};
       auto padded = [](size_t words) { return (words + 31) / 32 * 32; };
       size_t words = 0;
       for (size_t n : sizes) words += padded(n);
@@ -202,7 +202,6 @@ class GpuEngine final : public MoeLayer::Engine {
       d_expert_off_ = take(sizes[5]);
       d_expert_cnt_ = d_expert_off_ + El + 1;
       d_error_ = reinterpret_cast<int32_t*>(take(sizes[6]));
-      d_work_counters_ = reinterpret_cast<int32_t*>(take(sizes[7]));
       h_hdr_ = pinned_alloc<int64_t>(2 * size_t(W) * hw);
       h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
       h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
@@ -272,17 +271,23 @@ class GpuEngine final : public MoeLayer::Engine {
     return s;
   }
 
-  // The forward's work on `s`; forward() wraps it for the ordering with other forwards.
+  // What one forward's phases hand each other.
+  struct Forward {
+    int64_t T = 0;                  // tokens of this rank (0 after a bad argument)
+    protocol::ReceivePlan plan;     // rows and pairs received from each rank (the count exchange)
+    std::vector<int64_t> send_rows; // [world] rows sent to each rank
+    int64_t S = 0, R = 0, P = 0;    // rows sent, rows received, padded expert rows
+  };
+  // The forward's phases on `s` (the file header lists them); forward() wraps them for the ordering
+  // with other forwards.
   void run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, cudaStream_t s);
-
-  void host_wait(cudaStream_t s, const char* what) {
-#if EPMOE_WITH_NCCL
-    nccl_host_wait(*comm_, s, what);
-#else
-    (void)what;
-    EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
-#endif
-  }
+  int64_t route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+                       cudaStream_t s);
+  void exchange_counts(Forward& f, cudaStream_t s);
+  void dispatch(const TensorView& x, const Forward& f, cudaStream_t s);
+  void run_experts(const Forward& f, cudaStream_t s);
+  void combine(const Forward& f, cudaStream_t s);
+  void source_reduce(const Forward& f, const TensorView& y, cudaStream_t s);
 
   void record(Phase ph, cudaStream_t s) {
     if (opt_.record_phase_times) EPMOE_CUDA_CHECK(cudaEventRecord(ev_phase_[ph], s));
@@ -308,9 +313,8 @@ class GpuEngine final : public MoeLayer::Engine {
   DeviceBuffer fixed_;
   int64_t *d_status_ = nullptr, *d_send_rows_ = nullptr, *d_send_offsets_ = nullptr, *d_send_pairs_ = nullptr;
   int64_t *d_hdr_send_ = nullptr, *d_hdr_recv_ = nullptr, *d_expert_off_ = nullptr, *d_expert_cnt_ = nullptr;
-  bool fused_gather_ = false;   // sm90 path: the UP kernel gathers rows from recv_x_ (no xs_, no gather kernel)
+  kernels::Sm90Device sm90_device_;  // (sm90 path) what the plan heuristics read of the device
   int32_t* d_error_ = nullptr;  // sticky expert-layout inconsistency flag, folded into the headers
-  int32_t* d_work_counters_ = nullptr;  // ExpertProblem::work_counters (one stream runs the experts)
   int64_t* h_hdr_ = nullptr;     // pinned [2, W, hw]: my send headers, then the received ones
   int64_t* h_hdr_up_ = nullptr;  // pinned [W, hw]: host-built headers (bad arguments)
   int64_t* h_expert_ = nullptr;  // pinned [2*El + 1]: padded offsets, then counts
@@ -345,242 +349,20 @@ void GpuEngine::forward(const TensorView& x, const TensorView& ids, const Tensor
 
 void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
                     cudaStream_t s) {
-  const int W = cfg.world_size, El = cfg.experts_per_rank(), H = cfg.hidden, F = cfg.ffn, k = cfg.top_k;
-  const int mw = protocol::meta_words(k), hw = protocol::header_words(El);
-  const size_t row_bytes = size_t(H) * sizeof(bf16), meta_bytes = size_t(mw) * sizeof(int32_t);
   stats = ForwardStats{};
   last_recv_rows_ = 0;
-  last_rows_per_rank_.assign(W, 0);
-
-  // ---- layout: validate, route, headers ---------------------------------------------------------
-  int64_t T = 0;
-  {
-    NvtxRange range("layout");
-    protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
-    if (status.ok()) status = check_devices(x, ids, wts, y);
-    if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
-      status.code = ErrorCode::unsupported;
-      status.text = detail::concat("T = ", x.shape[0], " tokens x max(top_k, world) = ", std::max(k, W),
-                                   " exceeds the device layout's 32-bit index");
-    }
-    T = status.ok() ? x.shape[0] : 0;
-
-    // Token-sized buffers; a row per (token, destination) at most. Failing to get them is a status
-    // like a bad argument, so that every rank fails alike instead of the others waiting.
-    if (status.ok()) {
-      try {
-        const int64_t max_rows = T * std::min(k, W);
-        const size_t need_token_row = size_t(T) * W * sizeof(int32_t), need_meta = size_t(max_rows) * meta_bytes,
-                     need_token = size_t(max_rows) * sizeof(int32_t),
-                     need_ws = kernels::dispatch_layout_workspace_bytes(T, W);
-        if (!token_row_.fits(need_token_row) || !send_meta_.fits(need_meta) || !send_token_.fits(need_token) ||
-            !layout_ws_.fits(need_ws)) {
-          EPMOE_CUDA_CHECK(cudaEventSynchronize(ev_done_));  // the previous forward may still use them
-          token_row_.ensure(need_token_row);
-          send_meta_.ensure(need_meta);
-          send_token_.ensure(need_token);
-          layout_ws_.ensure(need_ws);
-        }
-      } catch (const Error& e) {
-        status.code = e.code();
-        status.text = e.what();
-        T = 0;
-      }
-    }
-
-    record(kStart, s);
-    if (status.ok()) {
-      kernels::DispatchLayoutArgs a;
-      a.topk_ids = ids.ptr<int32_t>();
-      a.topk_weights = wts.ptr<float>();
-      a.num_tokens = T;
-      a.top_k = k;
-      a.num_experts = cfg.num_experts;
-      a.world = W;
-      a.status = d_status_;
-      a.send_rows = d_send_rows_;
-      a.send_offsets = d_send_offsets_;
-      a.token_row = token_row_.as<int32_t>();
-      a.send_meta = send_meta_.as<int32_t>();
-      a.send_token = send_token_.as<int32_t>();
-      a.send_pairs = d_send_pairs_;
-      a.workspace = layout_ws_.as<void>();
-      a.workspace_bytes = layout_ws_.bytes();
-      kernels::dispatch_layout_launch(a, s);
-      kernels::count_headers_launch(d_status_, d_send_rows_, d_send_pairs_, d_error_, W, El, d_hdr_send_, s);
-    } else {
-      // A bad argument travels as this rank's status with zero rows (the message text included).
-      protocol::DispatchLayout L;
-      L.world = W;
-      L.top_k = k;
-      L.experts_per_rank = El;
-      L.send_rows.assign(W, 0);
-      L.send_offsets.assign(W + 1, 0);
-      L.send_pairs.assign(size_t(W) * El, 0);
-      std::vector<int64_t> h;
-      protocol::encode_count_headers(L, status, h);
-      std::memcpy(h_hdr_up_, h.data(), h.size() * sizeof(int64_t));
-      EPMOE_CUDA_CHECK(
-          cudaMemcpyAsync(d_hdr_send_, h_hdr_up_, h.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
-    }
-    record(kLayoutEnd, s);
-  }
-
-  // ---- count exchange: the one host sync of the forward -----------------------------------------
-  protocol::ReceivePlan plan;
-  std::vector<int64_t> send_rows(W);
-  {
-    NvtxRange range("exchange");
-    comm_->alltoall_i64(d_hdr_send_, d_hdr_recv_, size_t(hw));
-    EPMOE_CUDA_CHECK(
-        cudaMemcpyAsync(h_hdr_, d_hdr_send_, 2 * size_t(W) * hw * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
-    record(kExchangeEnd, s);
-    host_wait(s, "count exchange");
-    recv_hdr_.assign(h_hdr_ + size_t(W) * hw, h_hdr_ + 2 * size_t(W) * hw);
-    plan = protocol::decode_count_headers(recv_hdr_, W, El);  // throws the same error on every rank
-    for (int p = 0; p < W; ++p) send_rows[p] = h_hdr_[size_t(p) * hw + protocol::kHdrRows];
-  }
-  int64_t S = 0;
-  for (int64_t v : send_rows) S += v;
-  const int64_t R = plan.total_rows();
-  // Expert segments on the host (from the headers' pair counts), padded to the tile; uploaded for
-  // the device layout, which checks them against the received metadata.
-  int64_t* h_off = h_expert_;
-  int64_t* h_cnt = h_expert_ + El + 1;
-  h_off[0] = 0;
-  for (int e = 0; e < El; ++e) {
-    h_cnt[e] = plan.expert_pairs[e];
-    h_off[e + 1] = h_off[e] + protocol::round_up(h_cnt[e], kernels::kExpertTile);
-  }
-  const int64_t P = h_off[El];
-  EPMOE_CHECK(P < int64_t(INT32_MAX) && R < int64_t(INT32_MAX), ErrorCode::unsupported, "this rank receives ", R,
-              " rows / ", P, " padded expert rows: beyond the 32-bit row index");
-
-  stats.tokens = T;
-  stats.send_rows = send_rows;
-  stats.recv_rows = plan.recv_rows;
-  stats.dispatch_bytes = S * int64_t(row_bytes + meta_bytes);
-  stats.combine_bytes = R * int64_t(row_bytes);
-  stats.expert_pairs = plan.total_pairs();
-
-  // ---- dispatch -----------------------------------------------------------------------------------
-  {
-    NvtxRange range("dispatch");
-    // Safe to reallocate: the host wait above drained `s`, which waited for the previous forward.
-    send_x_.ensure(size_t(S) * row_bytes);
-    recv_x_.ensure(size_t(R) * row_bytes);
-    recv_meta_.ensure(size_t(R) * meta_bytes);
-    combine_.ensure(size_t(R) * row_bytes);
-    if (!fused_gather_) xs_.ensure(size_t(P) * row_bytes);  // the sm90 UP kernel gathers from recv_x_ itself
-    act_.ensure(size_t(P) * F * sizeof(bf16));
-    pair_row_.ensure(size_t(P) * sizeof(int32_t));
-    pair_weight_.ensure(size_t(P) * sizeof(float));
-    expert_ws_.ensure(kernels::expert_layout_workspace_bytes(R, El));
-    if (path == ExpertPath::cublas) cublas_ws_.ensure(kernels::cublas_experts_workspace_bytes(P, H, F));
-    record(kDispatchStart, s);
-
-    // Zero the combine buffer on the side stream while the rows travel.
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev_fork_, s));
-    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side_, ev_fork_, 0));
-    if (R > 0) EPMOE_CUDA_CHECK(cudaMemsetAsync(combine_.as<void>(), 0, size_t(R) * row_bytes, side_));
-    EPMOE_CUDA_CHECK(cudaEventRecord(ev_zeroed_, side_));
-
-    kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
-    const AlltoallvPlane planes[2] = {
-        protocol::make_plane(send_x_.as<void>(), recv_x_.as<void>(), send_rows, plan.recv_rows, row_bytes),
-        protocol::make_plane(send_meta_.as<void>(), recv_meta_.as<void>(), send_rows, plan.recv_rows, meta_bytes)};
-    comm_->alltoallv(planes);
-    record(kDispatchEnd, s);
-  }
-  last_recv_rows_ = R;
-  last_rows_per_rank_ = plan.recv_rows;
-
-  if (opt_.on_receive) {  // inspection hook: a second host sync, only when asked for
-    host_wait(s, "on_receive");
-    std::vector<bf16> rows(size_t(R) * H);
-    std::vector<int32_t> meta(size_t(R) * mw);
-    if (R > 0) {
-      EPMOE_CUDA_CHECK(cudaMemcpy(rows.data(), recv_x_.as<void>(), rows.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
-      EPMOE_CUDA_CHECK(cudaMemcpy(meta.data(), recv_meta_.as<void>(), meta.size() * 4, cudaMemcpyDeviceToHost));
-    }
-    opt_.on_receive(rows.data(), meta.data(), plan.recv_rows);
-  }
-
-  // ---- local experts --------------------------------------------------------------------------------
-  {
-    NvtxRange range("experts");
-    if (P > 0) {
-      EPMOE_CUDA_CHECK(
-          cudaMemcpyAsync(d_expert_off_, h_expert_, (2 * size_t(El) + 1) * sizeof(int64_t), cudaMemcpyHostToDevice, s));
-      kernels::ExpertLayoutArgs a;
-      a.recv_meta = recv_meta_.as<int32_t>();
-      a.recv_rows = R;
-      a.top_k = k;
-      a.experts = El;
-      a.padded_offsets = d_expert_off_;
-      a.expert_counts = d_expert_cnt_;
-      a.pair_row = pair_row_.as<int32_t>();
-      a.pair_weight = pair_weight_.as<float>();
-      a.error_flag = d_error_;
-      a.workspace = expert_ws_.as<void>();
-      a.workspace_bytes = expert_ws_.bytes();
-      kernels::expert_layout_launch(a, s);
-      if (!fused_gather_)
-        kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), R, H, pair_row_.as<int32_t>(), d_expert_off_ + El, P,
-                                    xs_.as<__nv_bfloat16>(), s);
-    }
-    EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_zeroed_, 0));  // the experts reduce into the combine buffer
-    if (P > 0) {
-      kernels::ExpertProblem prob;
-      if (fused_gather_) {
-        prob.x = recv_x_.as<__nv_bfloat16>();
-        prob.x_rows = R;
-      } else {
-        prob.xs = xs_.as<__nv_bfloat16>();
-      }
-      prob.padded_offsets = d_expert_off_;
-      prob.expert_counts = d_expert_cnt_;
-      prob.work_counters = d_work_counters_;
-      prob.pair_row = pair_row_.as<int32_t>();
-      prob.pair_weight = pair_weight_.as<float>();
-      prob.w1 = w1_;
-      prob.w2 = w2_;
-      prob.act = act_.as<__nv_bfloat16>();
-      prob.out = combine_.as<__nv_bfloat16>();
-      prob.rows_capacity = P;
-      prob.out_rows = R;
-      prob.experts = El;
-      prob.hidden = H;
-      prob.ffn = F;
-      if (path == ExpertPath::sm90)
-        kernels::sm90_experts_launch(prob, s);
-      else
-        kernels::cublas_experts_launch(prob, h_off, h_cnt, cublas_, cublas_ptrs_, cublas_ws_.as<void>(),
-                                       cublas_ws_.bytes(), s);
-    }
-    record(kExpertsEnd, s);
-  }
-
-  // ---- combine: rows go back the way they came (into send_x_, which the dispatch is done with) ------
-  {
-    NvtxRange range("combine");
-    const AlltoallvPlane back[1] = {
-        protocol::make_plane(combine_.as<void>(), send_x_.as<void>(), plan.recv_rows, send_rows, row_bytes)};
-    comm_->alltoallv(back);
-    record(kCombineEnd, s);
-  }
-
-  // ---- source reduce ------------------------------------------------------------------------------
-  {
-    NvtxRange range("reduce");
-    kernels::combine_reduce_launch(send_x_.as<__nv_bfloat16>(), token_row_.as<int32_t>(), T, W, H,
-                                   y.ptr<__nv_bfloat16>(), s);
-    record(kReduceEnd, s);
-  }
+  last_rows_per_rank_.assign(cfg.world_size, 0);
+  Forward f;
+  f.T = route_tokens(x, ids, wts, y, s);
+  exchange_counts(f, s);
+  dispatch(x, f, s);
+  run_experts(f, s);
+  combine(f, s);
+  source_reduce(f, y, s);
   EPMOE_CUDA_CHECK(cudaEventRecord(ev_done_, s));
 
   if (opt_.record_phase_times) {
-    host_wait(s, "phase times");
+    comm_->host_wait(s, "phase times");
     stats.layout_ms = elapsed(kStart, kLayoutEnd);
     stats.exchange_ms = elapsed(kLayoutEnd, kExchangeEnd);
     stats.dispatch_ms = elapsed(kDispatchStart, kDispatchEnd);
@@ -588,6 +370,235 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
     stats.combine_ms = elapsed(kExpertsEnd, kCombineEnd);
     stats.reduce_ms = elapsed(kCombineEnd, kReduceEnd);
   }
+}
+
+// Validates the arguments, routes each token to its destination ranks and writes this rank's count
+// headers. A bad argument becomes this rank's status with zero rows, so the count exchange fails
+// every rank alike. Returns T (0 after a bad argument).
+int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts,
+                                const TensorView& y, cudaStream_t s) {
+  NvtxRange range("layout");
+  const int W = cfg.world_size, El = cfg.experts_per_rank(), k = cfg.top_k;
+  const size_t meta_bytes = size_t(protocol::meta_words(k)) * sizeof(int32_t);
+  protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
+  if (status.ok()) status = check_devices(x, ids, wts, y);
+  if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
+    status.code = ErrorCode::unsupported;
+    status.text = detail::concat("T = ", x.shape[0], " tokens x max(top_k, world) = ", std::max(k, W),
+                                 " exceeds the device layout's 32-bit index");
+  }
+  int64_t T = status.ok() ? x.shape[0] : 0;
+
+  // Token-sized buffers; a row per (token, destination) at most. Failing to get them is a status
+  // like a bad argument, so that every rank fails alike instead of the others waiting.
+  if (status.ok()) {
+    try {
+      const int64_t max_rows = T * std::min(k, W);
+      const size_t need_token_row = size_t(T) * W * sizeof(int32_t), need_meta = size_t(max_rows) * meta_bytes,
+                   need_token = size_t(max_rows) * sizeof(int32_t),
+                   need_ws = kernels::dispatch_layout_workspace_bytes(T, W);
+      if (!token_row_.fits(need_token_row) || !send_meta_.fits(need_meta) || !send_token_.fits(need_token) ||
+          !layout_ws_.fits(need_ws)) {
+        EPMOE_CUDA_CHECK(cudaEventSynchronize(ev_done_));  // the previous forward may still use them
+        token_row_.ensure(need_token_row);
+        send_meta_.ensure(need_meta);
+        send_token_.ensure(need_token);
+        layout_ws_.ensure(need_ws);
+      }
+    } catch (const Error& e) {
+      status.code = e.code();
+      status.text = e.what();
+      T = 0;
+    }
+  }
+
+  record(kStart, s);
+  if (status.ok()) {
+    kernels::DispatchLayoutArgs a;
+    a.topk_ids = ids.ptr<int32_t>();
+    a.topk_weights = wts.ptr<float>();
+    a.num_tokens = T;
+    a.top_k = k;
+    a.num_experts = cfg.num_experts;
+    a.world = W;
+    a.status = d_status_;
+    a.send_rows = d_send_rows_;
+    a.send_offsets = d_send_offsets_;
+    a.token_row = token_row_.as<int32_t>();
+    a.send_meta = send_meta_.as<int32_t>();
+    a.send_token = send_token_.as<int32_t>();
+    a.send_pairs = d_send_pairs_;
+    a.workspace = layout_ws_.as<void>();
+    a.workspace_bytes = layout_ws_.bytes();
+    kernels::dispatch_layout_launch(a, s);
+    kernels::count_headers_launch(d_status_, d_send_rows_, d_send_pairs_, d_error_, W, El, d_hdr_send_, s);
+  } else {
+    // A bad argument travels as this rank's status with zero rows (the message text included).
+    protocol::DispatchLayout L;
+    L.world = W;
+    L.top_k = k;
+    L.experts_per_rank = El;
+    L.send_rows.assign(W, 0);
+    L.send_offsets.assign(W + 1, 0);
+    L.send_pairs.assign(size_t(W) * El, 0);
+    std::vector<int64_t> h;
+    protocol::encode_count_headers(L, status, h);
+    std::memcpy(h_hdr_up_, h.data(), h.size() * sizeof(int64_t));
+    EPMOE_CUDA_CHECK(cudaMemcpyAsync(d_hdr_send_, h_hdr_up_, h.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+  }
+  record(kLayoutEnd, s);
+  return T;
+}
+
+// The count exchange and the forward's one host wait: every rank learns what it receives (and every
+// rank's status: a failure anywhere throws the same error everywhere, here). Sizes the expert
+// segments on the host from the pair counts, padded to the tile.
+void GpuEngine::exchange_counts(Forward& f, cudaStream_t s) {
+  NvtxRange range("exchange");
+  const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
+  comm_->alltoall_i64(d_hdr_send_, d_hdr_recv_, size_t(hw));
+  EPMOE_CUDA_CHECK(cudaMemcpyAsync(h_hdr_, d_hdr_send_, 2 * size_t(W) * hw * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
+  record(kExchangeEnd, s);
+  comm_->host_wait(s, "count exchange");
+  recv_hdr_.assign(h_hdr_ + size_t(W) * hw, h_hdr_ + 2 * size_t(W) * hw);
+  f.plan = protocol::decode_count_headers(recv_hdr_, W, El);  // throws the same error on every rank
+  f.send_rows.assign(W, 0);
+  for (int p = 0; p < W; ++p) f.send_rows[p] = h_hdr_[size_t(p) * hw + protocol::kHdrRows];
+  for (int64_t v : f.send_rows) f.S += v;
+  f.R = f.plan.total_rows();
+  // Uploaded for the device layout, which checks them against the received metadata.
+  int64_t* h_off = h_expert_;
+  int64_t* h_cnt = h_expert_ + El + 1;
+  h_off[0] = 0;
+  for (int e = 0; e < El; ++e) {
+    h_cnt[e] = f.plan.expert_pairs[e];
+    h_off[e + 1] = h_off[e] + protocol::round_up(h_cnt[e], kernels::kExpertTile);
+  }
+  f.P = h_off[El];
+  EPMOE_CHECK(f.P < int64_t(INT32_MAX) && f.R < int64_t(INT32_MAX), ErrorCode::unsupported, "this rank receives ",
+              f.R, " rows / ", f.P, " padded expert rows: beyond the 32-bit row index");
+
+  const size_t row_bytes = size_t(cfg.hidden) * sizeof(bf16);
+  const size_t meta_bytes = size_t(protocol::meta_words(cfg.top_k)) * sizeof(int32_t);
+  stats.tokens = f.T;
+  stats.send_rows = f.send_rows;
+  stats.recv_rows = f.plan.recv_rows;
+  stats.dispatch_bytes = f.S * int64_t(row_bytes + meta_bytes);
+  stats.combine_bytes = f.R * int64_t(row_bytes);
+  stats.expert_pairs = f.plan.total_pairs();
+}
+
+// Packs the rows each destination needs and exchanges them with their metadata; the combine buffer
+// is zeroed on the side stream meanwhile.
+void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) {
+  NvtxRange range("dispatch");
+  const int H = cfg.hidden, F = cfg.ffn, El = cfg.experts_per_rank();
+  const size_t row_bytes = size_t(H) * sizeof(bf16);
+  const size_t meta_bytes = size_t(protocol::meta_words(cfg.top_k)) * sizeof(int32_t);
+  const int64_t S = f.S, R = f.R, P = f.P;
+  // Safe to reallocate: the host wait of the exchange drained `s`, which waited for the previous forward.
+  send_x_.ensure(size_t(S) * row_bytes);
+  recv_x_.ensure(size_t(R) * row_bytes);
+  recv_meta_.ensure(size_t(R) * meta_bytes);
+  combine_.ensure(size_t(R) * row_bytes);
+  if (path == ExpertPath::cublas) xs_.ensure(size_t(P) * row_bytes);  // the sm90 UP gathers from recv_x_ itself
+  act_.ensure(size_t(P) * F * sizeof(bf16));
+  pair_row_.ensure(size_t(P) * sizeof(int32_t));
+  pair_weight_.ensure(size_t(P) * sizeof(float));
+  expert_ws_.ensure(kernels::expert_layout_workspace_bytes(R, El));
+  if (path == ExpertPath::cublas) cublas_ws_.ensure(kernels::cublas_experts_workspace_bytes(P, H, F));
+  record(kDispatchStart, s);
+
+  // Zero the combine buffer on the side stream while the rows travel.
+  EPMOE_CUDA_CHECK(cudaEventRecord(ev_fork_, s));
+  EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side_, ev_fork_, 0));
+  if (R > 0) EPMOE_CUDA_CHECK(cudaMemsetAsync(combine_.as<void>(), 0, size_t(R) * row_bytes, side_));
+  EPMOE_CUDA_CHECK(cudaEventRecord(ev_zeroed_, side_));
+
+  kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
+  const AlltoallvPlane planes[2] = {
+      protocol::make_plane(send_x_.as<void>(), recv_x_.as<void>(), f.send_rows, f.plan.recv_rows, row_bytes),
+      protocol::make_plane(send_meta_.as<void>(), recv_meta_.as<void>(), f.send_rows, f.plan.recv_rows, meta_bytes)};
+  comm_->alltoallv(planes);
+  record(kDispatchEnd, s);
+  last_recv_rows_ = R;
+  last_rows_per_rank_ = f.plan.recv_rows;
+
+  if (opt_.on_receive) {  // inspection hook: a second host sync, only when asked for
+    const int mw = protocol::meta_words(cfg.top_k);
+    comm_->host_wait(s, "on_receive");
+    std::vector<bf16> rows(size_t(R) * H);
+    std::vector<int32_t> meta(size_t(R) * mw);
+    if (R > 0) {
+      EPMOE_CUDA_CHECK(cudaMemcpy(rows.data(), recv_x_.as<void>(), rows.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+      EPMOE_CUDA_CHECK(cudaMemcpy(meta.data(), recv_meta_.as<void>(), meta.size() * 4, cudaMemcpyDeviceToHost));
+    }
+    opt_.on_receive(rows.data(), meta.data(), f.plan.recv_rows);
+  }
+}
+
+// The expert layout of the received rows (expert-sorted, tile-padded), then the local experts,
+// reducing into the combine buffer once the side stream has zeroed it.
+void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
+  NvtxRange range("experts");
+  const int El = cfg.experts_per_rank();
+  const int64_t R = f.R, P = f.P;
+  const kernels::ExpertLayoutView layout{d_expert_off_, pair_row_.as<int32_t>(), pair_weight_.as<float>(), P};
+  if (P > 0) {
+    EPMOE_CUDA_CHECK(
+        cudaMemcpyAsync(d_expert_off_, h_expert_, (2 * size_t(El) + 1) * sizeof(int64_t), cudaMemcpyHostToDevice, s));
+    kernels::ExpertLayoutArgs a;
+    a.recv_meta = recv_meta_.as<int32_t>();
+    a.recv_rows = R;
+    a.top_k = cfg.top_k;
+    a.experts = El;
+    a.padded_offsets = d_expert_off_;
+    a.expert_counts = d_expert_cnt_;
+    a.pair_row = pair_row_.as<int32_t>();
+    a.pair_weight = pair_weight_.as<float>();
+    a.error_flag = d_error_;
+    a.workspace = expert_ws_.as<void>();
+    a.workspace_bytes = expert_ws_.bytes();
+    kernels::expert_layout_launch(a, s);
+    if (path == ExpertPath::cublas)
+      kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), R, cfg.hidden, pair_row_.as<int32_t>(),
+                                  d_expert_off_ + El, P, xs_.as<__nv_bfloat16>(), s);
+  }
+  EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_zeroed_, 0));  // the experts reduce into the combine buffer
+  if (P > 0) {
+    const kernels::ExpertWeightsView w{w1_, w2_, El, cfg.hidden, cfg.ffn};
+    kernels::ExpertProblem prob = kernels::make_expert_problem(w, recv_x_.as<__nv_bfloat16>(), R, layout,
+                                                               act_.as<__nv_bfloat16>(), combine_.as<__nv_bfloat16>(), R);
+    if (path == ExpertPath::sm90) {
+      // The override was checked against this shape at construction, so resolving cannot fail here
+      // on one rank alone.
+      const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
+      kernels::sm90_experts_launch(prob, plan, s);
+    } else {
+      prob.xs = xs_.as<__nv_bfloat16>();
+      kernels::cublas_experts_launch(prob, h_expert_, h_expert_ + El + 1, cublas_, cublas_ptrs_, cublas_ws_.as<void>(),
+                                     cublas_ws_.bytes(), s);
+    }
+  }
+  record(kExpertsEnd, s);
+}
+
+// The rows go back the way they came (into send_x_, which the dispatch is done with).
+void GpuEngine::combine(const Forward& f, cudaStream_t s) {
+  NvtxRange range("combine");
+  const size_t row_bytes = size_t(cfg.hidden) * sizeof(bf16);
+  const AlltoallvPlane back[1] = {
+      protocol::make_plane(combine_.as<void>(), send_x_.as<void>(), f.plan.recv_rows, f.send_rows, row_bytes)};
+  comm_->alltoallv(back);
+  record(kCombineEnd, s);
+}
+
+// Each token's returned rows, summed in fixed order (fp32) into y.
+void GpuEngine::source_reduce(const Forward& f, const TensorView& y, cudaStream_t s) {
+  NvtxRange range("reduce");
+  kernels::combine_reduce_launch(send_x_.as<__nv_bfloat16>(), token_row_.as<int32_t>(), f.T, cfg.world_size,
+                                 cfg.hidden, y.ptr<__nv_bfloat16>(), s);
+  record(kReduceEnd, s);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "engine.h"
+#include "kernels/heuristics/sm90_heuristics.h"
 
 namespace epmoe {
 
@@ -16,6 +17,12 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shar
   try {
     cfg.validate();
     validate_weights(cfg, weights, dev);
+    if (!options.sm90_plan.empty()) {
+      // The override must hold for every forward's shape; only the row count varies, and no rule of
+      // check_sm90_plan depends on it.
+      const kernels::Sm90Shape shape{cfg.experts_per_rank(), cfg.hidden, cfg.ffn, kernels::kExpertRowsForChecks};
+      (void)kernels::resolve_sm90_plan(shape, {1, 1}, options.sm90_plan);
+    }
   } catch (const Error& e) {
     local = e;
   }

@@ -1,4 +1,4 @@
-// The sm_90a pipeline's by-expert work order (kernels/sm90_schedule.cuh), decoded on the host the way
+// The sm_90a pipeline's by-expert work order (kernels/sm90/schedule.cuh), decoded on the host the way
 // each kernel CTA decodes it: every (row tile, column block) of every expert is computed exactly once,
 // weights are those of the tile's expert, multicast pairs share expert and block, and groups stay
 // inside an expert. Runs without a GPU.
@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/sm90_schedule.cuh"
+#include "kernels/sm90/schedule.cuh"
 
 namespace {
 
@@ -200,86 +200,6 @@ TEST(Sm90Schedule, TailSplitHalvesOnlyTheLastWave) {
         EXPECT_EQ(upper[size_t(i)], halved ? 1 : 0);
       }
     }
-  }
-}
-
-// Token-granular tiles: for every real-row count of 1..4 tiles' worth, the tiles partition
-// [seg, seg + 16 ceil(rows/16)) in order, each n a multiple of 16 in [16, 128], n differing by at most
-// 16 across the expert's tiles; inconsistent counts (0, or more than the tiles hold) stay in range.
-TEST(Sm90Schedule, GranularTilesPartitionTheRealRows) {
-  using epmoe::kernels::sm90::granular_tile;
-  const int64_t seg = 1024;
-  for (int64_t rows = 1; rows <= 4 * 128; ++rows) {
-    const int tiles = int((rows + 127) / 128);
-    int64_t next = seg;
-    int nmin = 1 << 30, nmax = 0;
-    for (int i = 0; i < tiles; ++i) {
-      int64_t row0 = -1;
-      int n = -1;
-      granular_tile(seg, tiles, rows, i, row0, n);
-      ASSERT_EQ(row0, next) << "rows " << rows << " tile " << i;
-      ASSERT_TRUE(n >= 16 && n <= 128 && n % 16 == 0) << "rows " << rows << " tile " << i << " n " << n;
-      next += n;
-      nmin = std::min(nmin, n);
-      nmax = std::max(nmax, n);
-    }
-    EXPECT_EQ(next - seg, (rows + 15) / 16 * 16) << "rows " << rows;
-    EXPECT_LE(nmax - nmin, 16) << "rows " << rows;
-    EXPECT_LE(next, seg + 128 * int64_t(tiles)) << "rows " << rows;
-  }
-  for (int tiles = 1; tiles <= 4; ++tiles)
-    for (int64_t rows : {int64_t(0), int64_t(128) * tiles + 1, int64_t(1) << 40})
-      for (int i = 0; i < tiles; ++i) {
-        int64_t row0 = -1;
-        int n = -1;
-        granular_tile(0, tiles, rows, i, row0, n);
-        EXPECT_TRUE(n >= 16 && n <= 128 && n % 16 == 0) << "tiles " << tiles << " rows " << rows;
-        EXPECT_TRUE(row0 >= 0 && row0 + n <= 128 * int64_t(tiles)) << "tiles " << tiles << " rows " << rows;
-      }
-}
-
-// The granular kernels' epilogue layouts: the consumers' stmatrix.x4.trans addresses against the
-// readers' (UP's copy-out, DOWN's reducers), with stmatrix.trans emulated - matrix i's fragment has
-// lane t holding elements (t/4, 2(t%4)) and (t/4, 2(t%4) + 1); with .trans, row j of the stored
-// matrix (16 bytes at the address lane 8i + j gives) is the fragment's column j. Fragment (g, h) of
-// m64 block mb: row r = output/act column 64 mb + 16 warp + 8h + r, column c = token 8g + c. Every
-// (token, column) must land once, where the reader looks for it.
-TEST(Sm90Schedule, GranularEpilogueStagingRoundTrips) {
-  using epmoe::kernels::sm90::staged_chunk_offset;
-  using epmoe::kernels::sm90::stmatrix_trans_offset;
-  struct Layout {
-    uint32_t row_bytes;
-    int blocks, groups;  // m64 blocks, 8-token groups staged at once
-  };
-  for (const Layout lay : {Layout{128u, 1, 16}, Layout{256u, 2, 8}}) {  // UP: 128 tokens x 64 columns; DOWN: 64 x 128
-    const int cols = int(lay.row_bytes / 2), tokens = 8 * lay.groups;
-    std::vector<int> smem(size_t(tokens) * cols, -1), writes(smem.size(), 0);
-    auto value = [&](int col, int tok) { return col * 1000 + tok; };
-    for (int mb = 0; mb < lay.blocks; ++mb)
-      for (int warp = 0; warp < 4; ++warp)
-        for (int g = 0; g < lay.groups; g += 2)
-          for (int lane = 0; lane < 32; ++lane) {
-            const int m = lane / 8, j = lane % 8;             // this lane addresses row j of matrix m
-            const int gm = g + m / 2, hm = m % 2;             // matrix m = fragment (gm, hm)
-            const uint32_t off = stmatrix_trans_offset(g, mb, warp, lane, lay.row_bytes);
-            ASSERT_EQ(off % 16, 0u);
-            for (int e = 0; e < 8; ++e) {  // stored row j = fragment column j: rows e = 0..7
-              const size_t slot = off / 2 + size_t(e);
-              ASSERT_LT(slot, smem.size());
-              smem[slot] = value(64 * mb + 16 * warp + 8 * hm + e, 8 * gm + j);
-              ++writes[slot];
-            }
-          }
-    for (int tok = 0; tok < tokens; ++tok)
-      for (int chunk = 0; chunk < cols / 8; ++chunk) {
-        const uint32_t off = staged_chunk_offset(tok, chunk, lay.row_bytes);
-        for (int e = 0; e < 8; ++e) {
-          const size_t slot = off / 2 + size_t(e);
-          EXPECT_EQ(writes[slot], 1) << "row bytes " << lay.row_bytes << " token " << tok << " chunk " << chunk;
-          EXPECT_EQ(smem[slot], value(8 * chunk + e, tok))
-              << "row bytes " << lay.row_bytes << " token " << tok << " chunk " << chunk << " element " << e;
-        }
-      }
   }
 }
 

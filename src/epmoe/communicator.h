@@ -46,6 +46,11 @@ class Communicator {
   // them. Host backends ignore it.
   virtual void set_stream(void* /*cuda_stream*/) {}
   virtual void* stream() const { return nullptr; }
+  // Device backends: waits on the host for the work queued so far on `cuda_stream` (a cudaStream_t),
+  // with the backend's failure detection (NCCL: a dead or stalled peer raises Error(timeout /
+  // comm_error) instead of hanging). Device backends must override it; host backends queue no device
+  // work, so theirs does nothing.
+  virtual void host_wait(void* /*cuda_stream*/, const char* /*what*/) {}
 };
 
 // Mock ranks: world_size communicators for threads of one process (comm/mock_comm.cpp).

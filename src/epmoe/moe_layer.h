@@ -17,6 +17,7 @@
 
 #include "epmoe/communicator.h"
 #include "epmoe/moe_config.h"
+#include "epmoe/sm90_plan.h"
 #include "epmoe/tensor_view.h"
 
 namespace epmoe {
@@ -39,6 +40,9 @@ struct LayerOptions {
   // GPU engine: record events around each phase and fill ForwardStats' *_ms after the forward
   // (costs a host sync at the end of forward; off for production runs).
   bool record_phase_times = false;
+  // sm_90 path: fields to force on top of the heuristics' plan for each forward's shape (epmoe/
+  // sm90_plan.h). Checked against the layer's shape at construction, on every rank alike.
+  Sm90PlanOverride sm90_plan;
   // Inspection hook (tests, debugging): called after the dispatch with the received rows
   // x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
   // src/ep_protocol.h) and the rows received from each rank, in host memory. The GPU engine copies

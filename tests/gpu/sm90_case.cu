@@ -1,15 +1,18 @@
-// Harness of the sm_90a split expert pipeline suite (sm90 UP gathering its rows from x -> sm90 DOWN, or gather_rows
-// -> UP from xs -> DOWN in the SeparateGather cases) against the dense reference. Skips without a CUDA device or on a device that is not compute capability 9.0; fails
+// Harness of the sm_90a split expert pipeline suite (the UP gathering its rows from x -> DOWN, on the
+// plan the heuristics pick for the case's shape with the test's override on top) against the dense
+// reference. Skips without a CUDA device or on a device that is not compute capability 9.0; fails
 // (does not skip) on a 9.0 device whose build lacks the sm_90a kernels.
 //
 // Routing and the expert layout are built on the host by this file's own simple code (pairs per
 // expert in token order, slot order; segments padded to kExpertTile), so pair_row is the token index
-// and `out` is in token order (out_rows = T). x is generated on the device from a counter hash
-// that the host recomputes for the tokens it checks, so large cases need no host copy of x.
+// and `out` is in token order (out_rows = T). x (and the weights) are generated on the device from a
+// counter hash that the host recomputes (or downloads) for what it checks, so large cases need no
+// host copy of x.
 //
 // Checks per case:
-//  * gather (separate mode): xs rows below padded_total bit-exact (x row or zeros), rows past it untouched (poison);
-//  * act (poisoned with 0xFFFF NaNs before UP): no NaN below padded_total, padding rows exactly 0,
+//  * act (poisoned with 0xFFFF NaNs before UP): no NaN below padded_total, padding rows exactly 0
+//    (also the 64 rows after the last 192-row tile of each expert the split rule sends to the 192-row
+//    UP, which that kernel zeroes: first and last row of each such gap, which must be padding),
 //    sampled rows against a host fp64 SwiGLU within 2^-7 relative + 1e-3 of the row RMS (bf16
 //    rounding of both sides, 1 ulp flips where the fp32 and fp64 sums straddle a boundary);
 //  * out (poisoned with NaNs, zeroed by the pipeline, token order): no NaN/Inf anywhere (when it is
@@ -30,9 +33,8 @@
 
 #include "ep_protocol.h"
 #include "epmoe/reference.h"
-#include "kernels/gather_rows.cuh"
-#include "kernels/sm90_experts.cuh"
-#include "kernels/sm90_schedule.cuh"
+#include "kernels/sm90/experts.cuh"
+#include "kernels/sm90/schedule.cuh"
 
 namespace sm90_case {
 
@@ -196,11 +198,53 @@ std::vector<int64_t> sample_indices(int64_t n, int count, uint64_t seed) {
   return s;
 }
 
-void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mode mode) {
-  const int64_t* total = p.padded_offsets + p.experts;
+// The host side of a case: routing, layout, capacity.
+struct HostCase {
+  Routing rt;
+  Layout L;
+  int64_t cap = 0;
+};
+HostCase host_case(const Case& cs) {
+  HostCase h;
+  h.rt = make_routing(cs.T, cs.E, cs.k, cs.route, cs.seed * 1000 + 41);
+  h.L = build_layout(h.rt, cs.T, cs.k, cs.E);
+  h.cap = std::max<int64_t>({h.L.total() + cs.extra_capacity, cs.min_capacity, 1});
+  return h;
+}
+// The host split rule over `blocks` column blocks: the experts it sends to the 192-row half (their
+// count; `tall`, when given, gets each one's flag).
+int host_tall_experts(const Layout& L, int E, int blocks, int ctas, std::vector<char>* tall = nullptr) {
+  namespace k90 = epmoe::kernels::sm90;
+  const int cut = k90::split_tall_cut(L.x.padded_offsets.data(), L.x.pair_row.data(), E, blocks, ctas);
+  if (tall != nullptr) tall->assign(size_t(E), 0);
+  int n = 0;
+  for (int e = 0; e < cut; ++e)
+    if (k90::split_expert(L.x.padded_offsets.data(), L.x.pair_row.data(), e, blocks).picked) {
+      ++n;
+      if (tall != nullptr) (*tall)[size_t(e)] = 1;
+    }
+  return n;
+}
+CaseStats stats_of(const Case& cs, const HostCase& h, const epmoe::Sm90Plan& plan) {
+  CaseStats st;
+  st.shape = {cs.E, cs.hidden, cs.ffn, h.cap};
+  st.plan = plan;
+  if (plan.up_split) st.up_tall_experts = host_tall_experts(h.L, cs.E, cs.ffn / 128, plan.split_ctas);
+  if (plan.down_split) st.down_tall_experts = host_tall_experts(h.L, cs.E, (cs.hidden + 255) / 256, plan.split_ctas);
+  return st;
+}
+
+CaseStats case_stats(const Case& cs, const epmoe::Sm90Plan& plan) { return stats_of(cs, host_case(cs), plan); }
+epmoe::kernels::Sm90Shape case_shape(const Case& cs) {
+  const HostCase h = host_case(cs);
+  return {cs.E, cs.hidden, cs.ffn, h.cap};
+}
+
+void run_pipeline(const ExpertProblem& p, const epmoe::Sm90Plan& plan, Mode mode) {
   const size_t out_bytes = size_t(p.out_rows) * p.hidden * sizeof(__nv_bfloat16);
   if (mode == Mode::graph) {
-    // The benchmark's shape: out zeroed on a side stream (event-ordered), gather, up, down (PDL).
+    // The benchmark's shape: out zeroed on a side stream (event-ordered; none with zero_out), up,
+    // down (PDL), captured once and replayed twice (the zeroing must reset what the first wrote).
     cudaStream_t s, side;
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
@@ -215,15 +259,12 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
       EPMOE_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
       EPMOE_CUDA_CHECK(cudaMemsetAsync(p.out, 0, out_bytes, side));
       EPMOE_CUDA_CHECK(cudaEventRecord(zeroed, side));
+      EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, zeroed, 0));
     }
-    if (p.x == nullptr)
-      epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
-                                         const_cast<__nv_bfloat16*>(p.xs), s);
-    if (!p.zero_out) EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, zeroed, 0));
-    epmoe::kernels::sm90_experts_launch(p, s);
+    epmoe::kernels::sm90_experts_launch(p, plan, s);
     EPMOE_CUDA_CHECK(cudaStreamEndCapture(s, &g));
     EPMOE_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    for (int rep = 0; rep < 2; ++rep) EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, s));  // twice: the zeroing must reset
+    for (int rep = 0; rep < 2; ++rep) EPMOE_CUDA_CHECK(cudaGraphLaunch(ge, s));
     EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
@@ -234,53 +275,48 @@ void run_pipeline(const ExpertProblem& p, const __nv_bfloat16* x, int64_t T, Mod
     return;
   }
   if (!p.zero_out) EPMOE_CUDA_CHECK(cudaMemset(p.out, 0, out_bytes));
-  if (p.x == nullptr)
-    epmoe::kernels::gather_rows_launch(x, T, p.hidden, p.pair_row, total, p.rows_capacity,
-                                       const_cast<__nv_bfloat16*>(p.xs), nullptr);
   if (mode == Mode::experts_launch) {
-    epmoe::kernels::sm90_experts_launch(p, nullptr);
+    epmoe::kernels::sm90_experts_launch(p, plan, nullptr);
   } else {
-    epmoe::kernels::sm90_up_launch(p, nullptr);
-    epmoe::kernels::sm90_down_launch(p, nullptr, /*pdl=*/false);
+    epmoe::kernels::sm90_up_launch(p, plan, nullptr);
+    epmoe::kernels::sm90_down_launch(p, plan, nullptr, /*pdl=*/false);
   }
   EPMOE_CUDA_CHECK(cudaGetLastError());
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void run_case(const Case& cs, CaseStats* stats) {
+void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan_override, CaseStats* stats) {
   const int E = cs.E, k = cs.k, H = cs.hidden, F = cs.ffn;
   const int64_t T = cs.T;
   REQUIRE_SM90();
   const uint64_t xseed = cs.seed * 1000 + 11;
   SCOPED_TRACE("E=" + std::to_string(E) + " k=" + std::to_string(k) + " hidden=" + std::to_string(H) +
-               " ffn=" + std::to_string(F) + " T=" + std::to_string(T) +
-               (cs.fused_gather ? " (UP gathers from x)" : " (gather_rows + UP from xs)"));
+               " ffn=" + std::to_string(F) + " T=" + std::to_string(T));
 
-  // Weights (host, for the reference) scaled so gate/up and y are O(1).
-  std::vector<bf16> w1(size_t(E) * 2 * F * H), w2(size_t(E) * H * F);
-  const float s1 = std::sqrt(3.0f / H), s2 = std::sqrt(3.0f / F) * 2.0f;
-  for (size_t i = 0; i < w1.size(); ++i) w1[i].bits = hash_bf16(cs.seed * 1000 + 21, i, s1);
-  for (size_t i = 0; i < w2.size(); ++i) w2[i].bits = hash_bf16(cs.seed * 1000 + 31, i, s2);
-
-  const Routing rt = make_routing(T, E, k, cs.route, cs.seed * 1000 + 41);
-  const Layout L = build_layout(rt, T, k, E);
+  const HostCase hc = host_case(cs);
+  const Routing& rt = hc.rt;
+  const Layout& L = hc.L;
   const int64_t total = L.total();
-  const int64_t cap = std::max<int64_t>(total + cs.extra_capacity, 1);
+  const int64_t cap = hc.cap;
 
-  DevBuf<uint16_t> d_x(size_t(T) * H), d_w1(w1.size()), d_w2(w2.size()), d_xs(cs.fused_gather ? 0 : size_t(cap) * H),
-      d_act(size_t(cap) * F), d_out(size_t(T) * H);
+  DevBuf<uint16_t> d_x(size_t(T) * H), d_w1(size_t(E) * 2 * F * H), d_w2(size_t(E) * H * F), d_act(size_t(cap) * F),
+      d_out(size_t(T) * H);
   DevBuf<int64_t> d_offs{size_t(E) + 1};
   DevBuf<int32_t> d_prow{size_t(cap)};
   DevBuf<float> d_pw{size_t(cap)};
+  // Weights scaled so gate/up and y are O(1), generated on the device and copied back for the
+  // host's references (hash_bf16 gives the same bits on both sides).
+  const float s1 = std::sqrt(3.0f / H), s2 = std::sqrt(3.0f / F) * 2.0f;
   fill_hash_kernel<<<1024, 256>>>(d_x.p, int64_t(d_x.n), xseed, 1.0f);
+  fill_hash_kernel<<<1024, 256>>>(d_w1.p, int64_t(d_w1.n), cs.seed * 1000 + 21, s1);
+  fill_hash_kernel<<<1024, 256>>>(d_w2.p, int64_t(d_w2.n), cs.seed * 1000 + 31, s2);
   EPMOE_CUDA_CHECK(cudaGetLastError());
-  EPMOE_CUDA_CHECK(cudaMemcpy(d_w1.p, w1.data(), w1.size() * 2, cudaMemcpyHostToDevice));
-  EPMOE_CUDA_CHECK(cudaMemcpy(d_w2.p, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
+  std::vector<bf16> w1(d_w1.n), w2(d_w2.n);
+  EPMOE_CUDA_CHECK(cudaMemcpy(w1.data(), d_w1.p, d_w1.bytes(), cudaMemcpyDeviceToHost));
+  EPMOE_CUDA_CHECK(cudaMemcpy(w2.data(), d_w2.p, d_w2.bytes(), cudaMemcpyDeviceToHost));
+  for (size_t i : {size_t(0), w1.size() / 2, w1.size() - 1})  // (the device fill is the host's hash)
+    ASSERT_EQ(w1[i].bits, hash_bf16(cs.seed * 1000 + 21, i, s1)) << "w1[" << i << "]";
   d_offs.upload(L.x.padded_offsets);
-  DevBuf<int64_t> d_cnts{size_t(E)};  // the granular kernels' inputs (EPMOE_SM90_*_TILES=granular)
-  DevBuf<int32_t> d_counters{4};
-  d_cnts.upload(L.x.expert_counts);
-  EPMOE_CUDA_CHECK(cudaMemset(d_counters.p, 0, d_counters.bytes()));
   // pair arrays past the total hold garbage on purpose: nothing may read them.
   EPMOE_CUDA_CHECK(cudaMemset(d_prow.p, 0x7f, d_prow.bytes()));
   EPMOE_CUDA_CHECK(cudaMemset(d_pw.p, 0x7f, d_pw.bytes()));
@@ -288,124 +324,60 @@ void run_case(const Case& cs, CaseStats* stats) {
     EPMOE_CUDA_CHECK(cudaMemcpy(d_prow.p, L.x.pair_row.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
     EPMOE_CUDA_CHECK(cudaMemcpy(d_pw.p, L.x.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
   }
-  if (d_xs.p) EPMOE_CUDA_CHECK(cudaMemset(d_xs.p, 0xFF, d_xs.bytes()));  // bf16 0xFFFF = NaN
-  EPMOE_CUDA_CHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));
+  EPMOE_CUDA_CHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));  // bf16 0xFFFF = NaN
   EPMOE_CUDA_CHECK(cudaMemset(d_out.p, 0xFF, d_out.bytes()));  // the pipeline zeroes it
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
-  ExpertProblem p;
-  if (cs.fused_gather) {
-    p.x = reinterpret_cast<const __nv_bfloat16*>(d_x.p);
-    p.x_rows = T;
-  } else {
-    p.xs = reinterpret_cast<const __nv_bfloat16*>(d_xs.p);
+  const ExpertProblem p = epmoe::kernels::make_expert_problem(
+      {reinterpret_cast<const __nv_bfloat16*>(d_w1.p), reinterpret_cast<const __nv_bfloat16*>(d_w2.p), E, H, F},
+      reinterpret_cast<const __nv_bfloat16*>(d_x.p), T, {d_offs.p, d_prow.p, d_pw.p, cap},
+      reinterpret_cast<__nv_bfloat16*>(d_act.p), reinterpret_cast<__nv_bfloat16*>(d_out.p), T, cs.zero_out);
+  epmoe::Sm90Plan plan;
+  try {
+    plan = epmoe::kernels::sm90_plan_for(p, plan_override);
+  } catch (const epmoe::Error& e) {
+    FAIL() << "no valid plan for E=" << E << " hidden=" << H << " ffn=" << F << " rows_capacity=" << cap << ": "
+           << e.what();
   }
-  p.padded_offsets = d_offs.p;
-  p.expert_counts = d_cnts.p;
-  p.work_counters = d_counters.p;
-  p.pair_row = d_prow.p;
-  p.pair_weight = d_pw.p;
-  p.w1 = reinterpret_cast<const __nv_bfloat16*>(d_w1.p);
-  p.w2 = reinterpret_cast<const __nv_bfloat16*>(d_w2.p);
-  p.act = reinterpret_cast<__nv_bfloat16*>(d_act.p);
-  p.out = reinterpret_cast<__nv_bfloat16*>(d_out.p);
-  p.rows_capacity = cap;
-  p.out_rows = T;
-  p.experts = E;
-  p.hidden = H;
-  p.ffn = F;
-  p.zero_out = cs.zero_out;
-  run_pipeline(p, reinterpret_cast<const __nv_bfloat16*>(d_x.p), T, cs.mode);
-
-  // ---- gather (separate mode): sampled rows (all when small) bit-exact; rows past the total untouched ----
-  if (!cs.fused_gather) {
-    const RowFetcher xsf(d_xs, H, total);
-    const std::vector<int64_t> rows = sample_indices(total, xsf.bulk_mode ? int(total) : 256, 5);
-    int64_t bad = 0;
-    for (int64_t r : rows) {
-      const std::vector<uint16_t> got = xsf.row(r);
-      const int32_t src = L.x.pair_row[size_t(r)];
-      std::vector<bf16> want = src >= 0 ? host_x_row(xseed, src, H) : std::vector<bf16>(H);
-      for (int c = 0; c < H; ++c)
-        if (got[c] != want[c].bits && bad++ < 5)
-          ADD_FAILURE() << "xs[" << r << "][" << c << "] = " << got[c] << " want " << want[c].bits << " (src " << src << ")";
-    }
-    EXPECT_EQ(bad, 0) << "gather mismatches";
-    if (cap > total) {
-      const std::vector<uint16_t> tail = d_xs.download(size_t(total) * H, size_t(std::min<int64_t>(cap - total, 256)) * H);
-      EXPECT_TRUE(std::all_of(tail.begin(), tail.end(), [](uint16_t v) { return v == 0xFFFF; }))
-          << "gather wrote rows at or past padded_total";
-    }
-  }
+  const std::string plan_text = to_string(plan);
+  SCOPED_TRACE("plan: " + plan_text);
+  const CaseStats st = stats_of(cs, hc, plan);
+  if (stats != nullptr) *stats = st;
+  run_pipeline(p, plan, cs.mode);
 
   // ---- act: NaN-free below the total, padding rows zero, sampled rows vs host SwiGLU ----
   {
-    // Rows UP writes: every row below the total. 192-row UP tiles (sm90_up_rows, and the experts the
-    // split UP sends to them) leave the 64 padding rows past a segment's last tall tile to the tile's
-    // consumers, which zero them (sm90_up_zero_gap, the default: checked here, first and last row of
-    // each such gap, and in the sampled rows below) or, with the knob off, leave them unwritten
-    // (poison stays): nothing reads them into the output (DOWN masks padding rows by pair_row), which
-    // the output check confirms. With the knob off the split's choice is checked exactly: its rule on
-    // the host (split_tall_cut) against the poison left in each picked expert's first uncovered row
-    // (every picked expert has >= 64 such rows). Where the split falls back to 128-row tiles for every
-    // expert (the global order), all those rows are written and none is counted tall.
-    std::vector<char> written(size_t(total), 1);
+    // UP writes every row below the total. The split's 192-row UP (plan.up_split) runs the experts
+    // the split rule sends to it (the host rule here; the device's equals it, see
+    // Sm90Schedule.DeviceSplitCutMatchesHost): its last tile of such an expert leaves 64 padding
+    // rows of the segment uncovered, which its consumers zero. Checked: those gaps (first and last
+    // row) are padding and zero. (Where the split falls back to the 128-row UP for every expert the
+    // rows are padding rows of 128-row tiles, zero too.)
     namespace k90 = epmoe::kernels::sm90;
-    const bool split = epmoe::kernels::sm90_up_split();
-    const bool zero_gap = epmoe::kernels::sm90_up_zero_gap();
-    std::vector<int64_t> gap_ends;  // first and last uncovered row of each expert run on 192-row tiles
-    const int split_cut = split ? k90::split_tall_cut(L.x.padded_offsets.data(), L.x.pair_row.data(), E, F / 128,
-                                                      epmoe::kernels::sm90_up_split_ctas())
-                                : 0;
-    std::vector<int64_t> host_tall_first_uncovered, host_kept_first_uncovered;  // (picked experts)
-    if (epmoe::kernels::sm90_up_rows() == 192 || split) {
+    std::vector<int64_t> gap_ends;  // first and last uncovered row of each expert sent to 192-row tiles
+    if (plan.up_split) {
+      std::vector<char> tall;
+      host_tall_experts(L, E, F / 128, plan.split_ctas, &tall);
       for (int e = 0; e < E; ++e) {
+        if (!tall[size_t(e)]) continue;
         const int64_t seg = L.x.padded_offsets[e], rows = L.x.padded_offsets[e + 1] - seg;
         const int tiles = k90::tall_tile_count(rows, k90::tall_last_starts_in_padding(L.x.pair_row.data(), seg, rows));
         int64_t covered = 0;
         for (int i = 0; i < tiles; ++i) covered += k90::tall_tile_rows(rows, i);
-        if (split) {
-          if (!k90::split_expert(L.x.padded_offsets.data(), L.x.pair_row.data(), e, F / 128).picked) continue;
-          EXPECT_LT(covered, rows) << "a picked expert's tall tiles cover its whole segment";
-          (e < split_cut ? host_tall_first_uncovered : host_kept_first_uncovered).push_back(seg + covered);
-          if (e >= split_cut) continue;
-        }
+        EXPECT_LT(covered, rows) << "expert " << e << ": a picked expert's tall tiles cover its whole segment";
         if (covered < rows) gap_ends.insert(gap_ends.end(), {seg + covered, seg + rows - 1});
-        if (!zero_gap)
-          for (int64_t r = seg + covered; r < seg + rows; ++r) written[size_t(r)] = 0;
       }
     }
     const RowFetcher actf(d_act, F, total);
     for (int64_t r : gap_ends) {
       EXPECT_LT(L.x.pair_row[size_t(r)], 0) << "act row " << r << " is real but no 192-row tile covers it";
-      if (!zero_gap) continue;
       const std::vector<uint16_t> a = actf.row(r);
       EXPECT_TRUE(std::all_of(a.begin(), a.end(), [](uint16_t v) { return v == 0 || v == 0x8000; }))
-          << "act row " << r << ": padding after an expert's last tall tile not zeroed (EPMOE_SM90_UP_ZERO_GAP=on)";
-    }
-    if (split && !zero_gap) {
-      auto is_poison = [&](int64_t r) {
-        const std::vector<uint16_t> a = actf.row(r);
-        return std::all_of(a.begin(), a.end(), [](uint16_t v) { return v == 0xFFFF; });
-      };
-      int observed_tall = 0;
-      for (int64_t r : host_tall_first_uncovered) observed_tall += is_poison(r) ? 1 : 0;
-      // Either the split ran (every expert the host rule sends tall left its rows unwritten) or it
-      // fell back (none did); the experts the rule keeps on 128 are written either way.
-      EXPECT_TRUE(observed_tall == 0 || observed_tall == int(host_tall_first_uncovered.size()))
-          << observed_tall << " of " << host_tall_first_uncovered.size()
-          << " experts the host rule sends to the 192-row UP ran there";
-      for (int64_t r : host_kept_first_uncovered)
-        EXPECT_FALSE(is_poison(r)) << "act row " << r << ": an expert the split rule keeps on 128 rows ran tall";
-      if (stats != nullptr) stats->split_tall_experts = observed_tall;
+          << "act row " << r << ": padding after an expert's last 192-row tile not zeroed";
     }
     const std::vector<int64_t> rows = sample_indices(total, actf.bulk_mode ? int(total) : 512, 7);
     int64_t nan_count = 0, pad_nonzero = 0;
     for (int64_t r : rows) {
-      if (!written[size_t(r)]) {
-        EXPECT_LT(L.x.pair_row[size_t(r)], 0) << "act row " << r << " is real but no 192-row tile covers it";
-        continue;
-      }
       const std::vector<uint16_t> a = actf.row(r);
       for (int c = 0; c < F; ++c) {
         const float v = bf16::to_float(a[c]);
@@ -515,9 +487,10 @@ void run_case(const Case& cs, CaseStats* stats) {
     EXPECT_EQ(bad, 0) << "elementwise mismatches";
     const double rel_l2 = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
     EXPECT_LT(rel_l2, 1e-2) << "relative L2 error";
-    std::printf("[sm90] E=%d k=%d hidden=%d ffn=%d T=%lld rows=%lld cap=%lld: %lld tokens checked, rel_l2 %.3e, "
-                "worst |err|/rowmax %.3e\n",
-                E, k, H, F, (long long)T, (long long)total, (long long)cap, (long long)n, rel_l2, worst);
+    std::printf("[sm90] E=%d k=%d hidden=%d ffn=%d T=%lld rows=%lld cap=%lld plan {%s} tall up/down %d/%d: %lld "
+                "tokens checked, rel_l2 %.3e, worst |err|/rowmax %.3e\n",
+                E, k, H, F, (long long)T, (long long)total, (long long)cap, plan_text.c_str(), st.up_tall_experts,
+                st.down_tall_experts, (long long)n, rel_l2, worst);
   }
 }
 

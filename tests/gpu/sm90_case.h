@@ -7,15 +7,16 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "epmoe/bf16.h"
+#include "epmoe/sm90_plan.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/hash_fill.cuh"
+#include "kernels/heuristics/sm90_heuristics.h"
 
 namespace sm90_case {
 
@@ -63,6 +64,11 @@ int device_state(std::string& msg);
     if (st_ == 2) FAIL() << why_;                \
   } while (0)
 
+// The H200 (132 SMs, 60 MiB of L2): the device the case tables are written for, and the one whose
+// plans the catalog and the variants' CPU-side checks resolve (gtest parameters exist before any
+// device is known).
+inline constexpr epmoe::kernels::Sm90Device kH200{132, int64_t(60) << 20};
+
 // ---- routing, one case ----------------------------------------------------------------------------
 // tile_edges: expert e gets kTileEdgeCounts[e % 8] rows (k = 1; T = their sum over the experts, more
 // tokens are dropped): segments that end exactly at, just past and just before the 64-row warpgroup
@@ -80,39 +86,33 @@ struct Case {
   int ref_tokens;          // tokens checked against reference_moe
   Mode mode = Mode::experts_launch;
   uint64_t seed = 1;
-  // true: the UP kernel gathers its rows from x (ExpertProblem::x, the engine's default);
-  // false: gather_rows writes xs first and UP reads xs by TMA.
-  bool fused_gather = true;
   // true: ExpertProblem::zero_out - the UP kernel zeroes out (no memset; out stays poisoned otherwise).
   bool zero_out = false;
+  // rows_capacity at least this (the catalog cases: the capacity of the catalog's shape).
+  int64_t min_capacity = 0;
 };
 
-// What a run saw, for checks that belong to the caller: the experts the split UP
-// (EPMOE_SM90_UP_ROWS=split) ran in its 192-row half, as their unwritten act rows show (-1: the split
-// was not selected).
+// What a case's layout gives the split rule, on the host (the UP always gathers from x; no test
+// selects a kernel but through the plan): the shape the heuristics read, and - when the plan splits
+// that kernel - the experts the HOST rule (split_tall_cut, schedule.cuh) sends to the 192-row half:
+// UP over ffn / 128 column blocks, DOWN over ceil(hidden / 256), both with the plan's split_ctas
+// (-1: the plan does not split that kernel). The device runs the same rule (warp_split_tall_cut,
+// checked against this one by Sm90Schedule.DeviceSplitCutMatchesHost).
 struct CaseStats {
-  int split_tall_experts = -1;
+  epmoe::kernels::Sm90Shape shape;
+  epmoe::Sm90Plan plan;  // (run_case: the plan it ran; case_stats: the plan given)
+  int up_tall_experts = -1;
+  int down_tall_experts = -1;
 };
-// Runs one case (layout on the host, pipeline on the device) and checks it; gtest failures on mismatch.
-void run_case(const Case& cs, CaseStats* stats = nullptr);
+// Routing and layout on the host only (no device needed): the case's shape, and the split counts
+// for `plan`.
+CaseStats case_stats(const Case& cs, const epmoe::Sm90Plan& plan);
+epmoe::kernels::Sm90Shape case_shape(const Case& cs);
 
-// Sets an environment variable for one test (the sm90 launchers read theirs at every launch).
-struct EnvGuard {
-  std::string name;  // empty: no variable (n null)
-  EnvGuard(const char* n, const char* v) : name(n != nullptr ? n : "") {  // v null: unset (the default)
-    if (name.empty()) return;
-    if (v) setenv(n, v, 1);
-    else unsetenv(n);
-  }
-  ~EnvGuard() {
-    if (!name.empty()) unsetenv(name.c_str());
-  }
-};
+// Runs one case (layout on the host, pipeline on the device) with the default plan for its shape
+// and `plan` on top (sm90_plan_for), and checks it; gtest failures on mismatch.
+void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan = {}, CaseStats* stats = nullptr);
 
-inline Case separate(Case c) {
-  c.fused_gather = false;
-  return c;
-}
 inline Case zero_in_up(Case c) {
   c.zero_out = true;
   return c;

@@ -1,2 +1,4 @@
 # The sm_90a split expert pipeline suite (label gpu; skips without a compute capability 9.0 device).
 epmoe_gpu_test(test_sm90_experts test_sm90_experts.cu sm90_case.cu sm90_variants.cu)
+# The kernel core alone: a dense GEMM on its ring, mainloop and tiles, each operand K- or MN-major.
+epmoe_gpu_test(test_sm90_core test_sm90_core.cu)

@@ -1,41 +1,45 @@
-// The kernel-variant table of the sm_90a suite (test_sm90_experts.cu runs each row as
-// Sm90Variant.MatchesReference/<name>); kept in its own file for size.
+// The plan tables of the sm_90a suite (test_sm90_experts.cu): the catalog cases (one per distinct
+// default plan of the heuristics, Sm90Catalog.MatchesReference/<n>) and the kernel-variant rows
+// (Sm90Variant.MatchesReference/<name>: a case and a plan override on top of its default); kept in
+// their own file for size.
 #pragma once
 #include <ostream>
+#include <string>
 #include <vector>
 
+#include "epmoe/sm90_plan.h"
+#include "kernels/heuristics/sm90_heuristics.h"
 #include "sm90_case.h"
 
 namespace sm90_case {
 
-// ---- kernel variants: EPMOE_SM90_CLUSTER x EPMOE_SM90_GROUP x EPMOE_SM90_ORDER -----------------
-// The default (single CTAs, groups of 16 row tiles cut from the global tile sequence at hidden < 4096,
-// inside each expert from 4096 on) runs every case above; the variants at hidden >= 4096 below pin
-// the global order, so it stays tested where auto no longer picks it. Pinned here: 2-CTA clusters
-// multicasting the weight tile (mode 1) on the cases that stress the tile pairing - one tile in all
-// (rank 1 idles), an odd tile count in one expert, pairs straddling expert boundaries (1-row and
-// empty experts, skew), a half-out-of-range last W2 block, many tiles, graph capture, no PDL, the TMA
-// (xs) A path, one cluster per item - with group sizes that leave short last groups; mode 2
-// (clusters in DOWN only while UP gathers); single CTAs in tile-major order and with other group
-// sizes; and the by-expert order (EPMOE_SM90_ORDER=expert) on the cases that stress it: an odd
-// expert's last tile runs as a column pair - the single-row experts make every tile such a leftover,
-// ffn 640 / hidden 640 give odd column-block counts (rank 1 idle on the last pair) - and groups split
-// an expert's units into near-equal parts.
+// ---- the catalog: every plan the default rules pick -----------------------------------------------
+// One case per entry of sm90_plan_catalog(kH200) (the smallest shape of each distinct plan): the
+// entry's E, hidden, ffn and rows_capacity, uniform routing with k = 2 (1 for one expert) and T such
+// that the pairs fill the capacity as the engine's bound would (T k = rows_capacity - 127 E), run
+// with full_override(plan): the kernels run exactly the catalog's plan whatever the device.
+struct CatalogCase {
+  std::string name;  // "<index>_<plan tag>"
+  Case c;
+  epmoe::kernels::Sm90Shape shape;  // the catalog's
+  epmoe::Sm90Plan plan;
+};
+const std::vector<CatalogCase>& catalog_cases();
+void PrintTo(const CatalogCase& c, std::ostream* os);  // (gtest: the case's name)
+
+// ---- kernel variants: a case and a plan override ---------------------------------------------------
+// The named cases and the catalog run the default plans; these rows pin the non-default ones on the
+// cases that stress each path's edges (see sm90_variants.cu). Every row's override must be valid for
+// its shape (Sm90Variants.PlansAreValid resolves each on the host, no GPU needed).
 struct Variant {
   const char* name;
-  const char* cluster;  // EPMOE_SM90_CLUSTER
-  const char* group;    // EPMOE_SM90_GROUP
   Case c;
-  const char* order = nullptr;  // EPMOE_SM90_ORDER (unset: the default, auto - by expert at hidden >= 4096)
-  const char* knob = nullptr;   // one more EPMOE_SM90_* variable set to `value` (the non-default paths)
-  const char* value = nullptr;
-  const char* knob2 = nullptr;  // and another
-  const char* value2 = nullptr;
-  // Split UP rows (EPMOE_SM90_UP_ROWS=split): experts the 192-row half must run: 1 some, 0 none, -1
-  // either (the harness checks the device's choice against the host rule in every case).
-  int split_tall = 1;
+  const char* plan;  // parse_sm90_plan_override syntax, on top of the case's default plan ("": none)
+  // Where the plan splits UP / DOWN: the experts the host split rule must send to the 192-row half:
+  // 1 at least one, 0 none, -1 either (asserted from CaseStats, and on the host by PlansAreValid).
+  int up_tall = -1;
+  int down_tall = -1;
 };
-// The rows (sm90_variants.cu).
 const std::vector<Variant>& variants();
 void PrintTo(const Variant& v, std::ostream* os);  // (gtest: the row's name)
 

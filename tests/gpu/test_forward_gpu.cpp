@@ -19,7 +19,8 @@
 #include "epmoe/moe_layer.h"
 #include "epmoe/nccl_communicator.h"
 #include "epmoe/reference.h"
-#include "kernels/sm90_experts.cuh"
+#include "epmoe/sm90_plan.h"
+#include "kernels/sm90/experts.cuh"
 #include "test_support.h"
 
 #include "device_array.h"
@@ -185,6 +186,48 @@ TEST_F(ForwardGpu, SmallAndEmpty) {
   run_case({16, 4, 2048, 256, 1, RoutingKind::uniform});
   run_case({16, 4, 2048, 256, 1, RoutingKind::all_dropped});
   run_case({32, 8, 2048, 128, 3, RoutingKind::uniform});  // every expert segment mostly padding
+}
+
+// The sm_90 path on non-default plans, forced through LayerOptions::sm90_plan (each spec sets every
+// field its forms need, so it is valid whatever the default for the forward's rows): single CTAs by
+// expert with both splits (split_ctas=1: every expert the split rule picks goes to the 192-row
+// kernels) and padding halves, and the cluster forms in the global order without the tail split.
+// An override the layer's shape cannot run fails at construction, as invalid_argument.
+TEST_F(ForwardGpu, Sm90PlanThroughLayerOptions) {
+  int dev = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  if (!kernels::sm90_experts_supported(dev)) GTEST_SKIP() << "no sm_90a device";
+  Model m(16, 4, 2048, 256, 103);
+  Inputs in;
+  in.T = 300;
+  in.x = make_x(105, 0, in.T, m.cfg.hidden);
+  in.R = make_routing(in.T, m.cfg.num_experts, m.cfg.top_k, RoutingKind::zipf, 107, 0, 1);
+  const std::vector<float> ref = reference(m, in);
+  cudaStream_t stream;
+  ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  for (const char* spec : {"up=single,down=single,order=expert,split=up+down,split_ctas=1,pad=up+down",
+                           "up=cluster,down=cluster,order=global,split=none,pad=none,tail=off"}) {
+    SCOPED_TRACE(spec);
+    LayerOptions opt;
+    opt.expert_path = ExpertPath::sm90;
+    opt.sm90_plan = parse_sm90_plan_override(spec);
+    MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+    ASSERT_EQ(layer.expert_path(), ExpertPath::sm90);
+    const std::vector<bf16> y = run_forward(layer, in, stream);
+    EXPECT_TRUE(close_to_reference(y.data(), ref.data(), in.T, m.cfg.hidden, kGpuTolerance));
+  }
+  ck(cudaStreamDestroy(stream), "stream destroy");
+  for (const char* bad : {"order=global,split=up", "up=single,pad=none,down=cluster,pad=down"}) {
+    LayerOptions opt;
+    opt.expert_path = ExpertPath::sm90;
+    opt.sm90_plan = parse_sm90_plan_override(bad);
+    try {
+      MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << bad << ": " << e.what();
+    }
+  }
 }
 
 // One layer, many calls: buffers grow and shrink in use; outputs stay right. (Not bitwise

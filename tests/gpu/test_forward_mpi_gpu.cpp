@@ -25,7 +25,7 @@
 #include "epmoe/nccl_communicator.h"
 #include "epmoe/reference.h"
 #include "gpu_engine.h"
-#include "kernels/sm90_experts.cuh"
+#include "kernels/sm90/experts.cuh"
 #include "test_support.h"
 
 #include "device_array.h"

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "ep_protocol.h"
-#include "kernels/combine_reduce.cuh"
-#include "kernels/dispatch_layout.cuh"
-#include "kernels/expert_layout.cuh"
+#include "kernels/ep/combine_reduce.cuh"
+#include "kernels/ep/dispatch_layout.cuh"
+#include "kernels/ep/expert_layout.cuh"
 #include "kernels/expert_problem.cuh"
-#include "kernels/pack_rows.cuh"
+#include "kernels/ep/pack_rows.cuh"
 #include "test_support.h"
 
 #include "device_array.h"

@@ -86,7 +86,7 @@ void check_alltoallv(Communicator& comm, int planes, BytesFn bytes, size_t pad, 
     EXPECT_EQ(cudaMemcpyAsync(got[k].data(), recv_buf[k]->get(), got[k].size(), cudaMemcpyDeviceToHost, stream),
               cudaSuccess);
   }
-  nccl_host_wait(comm, stream, "check_alltoallv");
+  comm.host_wait(stream, "check_alltoallv");
   for (int k = 0; k < planes; ++k) {
     size_t wrong = 0, first = 0;
     for (size_t i = 0; i < got[k].size(); ++i)
@@ -140,7 +140,7 @@ TEST_F(NcclComm, SingleRankCommunicator) {
   EXPECT_EQ(cudaMemcpy(send.get(), host.data(), host.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
   comm->alltoall_i64(send.get<int64_t>(), recv.get<int64_t>(), host.size());
   std::vector<int64_t> got(host.size());
-  nccl_host_wait(*comm, nullptr, "single alltoall");
+  comm->host_wait(nullptr, "single alltoall");
   EXPECT_EQ(cudaMemcpy(got.data(), recv.get(), host.size() * 8, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_EQ(got, host);
   int64_t v[2] = {5, -9};
@@ -238,7 +238,7 @@ TEST_F(NcclComm, BarrierRepeatedOnACallerStream) {
   Stream stream;
   comm->set_stream(stream.get());
   for (int i = 0; i < 5; ++i) comm->barrier();
-  nccl_host_wait(*comm, stream.get(), "after barriers");
+  comm->host_wait(stream.get(), "after barriers");
 }
 
 TEST_F(NcclComm, BorrowedCommunicatorStaysTheCallers) {

@@ -68,7 +68,7 @@ TEST_F(NcclPeerDeath, AlltoallFailsWithinTheDeadline) {
   EXPECT_EQ(cudaMemset(send.get(), 0, send.bytes()), cudaSuccess);
   expect_failure_after_peer_death(rank_, [&](Communicator& c) {
     c.alltoall_i64(send.get<int64_t>(), recv.get<int64_t>(), 4);
-    nccl_host_wait(c, c.stream(), "alltoall_i64 after peer death");  // where the engine waits
+    c.host_wait(c.stream(), "alltoall_i64 after peer death");  // where the engine waits
   });
 }
 
@@ -87,7 +87,7 @@ TEST_F(NcclPeerDeath, AlltoallvFailsWithinTheDeadline) {
   }
   expect_failure_after_peer_death(rank_, [&](Communicator& c) {
     c.alltoallv(std::span<const AlltoallvPlane>(&plane, 1));
-    nccl_host_wait(c, c.stream(), "alltoallv after peer death");
+    c.host_wait(c.stream(), "alltoallv after peer death");
   });
 }
 

@@ -1,0 +1,117 @@
+// TMA tensor maps of the sm_90a kernels (tensor_maps.cuh). The driver's encoder is
+// reached through the runtime's entry-point query, so this file needs no direct libcuda link.
+#include "kernels/sm90/tensor_maps.cuh"
+
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "kernels/cuda_check.cuh"
+
+namespace epmoe::kernels::sm90 {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q);
+    if (err == cudaSuccess && q == cudaDriverEntryPointSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  });
+  EPMOE_CHECK(fn != nullptr, ErrorCode::cuda_error, "cuTensorMapEncodeTiled is not available from the driver");
+  return fn;
+}
+
+CUresult encode_raw(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
+                    const cuuint64_t* strides_bytes, const cuuint32_t* box, const char* what) {
+  EPMOE_CHECK(base != nullptr, ErrorCode::invalid_argument, what, ": null base pointer");
+  EPMOE_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, ErrorCode::invalid_argument, what,
+              ": base pointer must be 16-byte aligned");
+  *map = CUtensorMap{};
+  const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
+  return encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides_bytes, box,
+                     elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
+                   const cuuint32_t* box, const char* what) {
+  CUtensorMap map;
+  const CUresult r = encode_raw(&map, base, rank, dims, strides_bytes, box, what);
+  EPMOE_CHECK(r == CUDA_SUCCESS, ErrorCode::cuda_error, what, ": cuTensorMapEncodeTiled failed with CUresult ",
+              int(r));
+  return map;
+}
+
+}  // namespace
+
+CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, int box_rows) {
+  EPMOE_CHECK(rows > 0 && cols > 0 && cols % 64 == 0, ErrorCode::invalid_argument, "matrix map: bad shape ", rows,
+              " x ", cols);
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
+  const cuuint32_t box[2] = {64, cuuint32_t(box_rows)};
+  return encode(base, 2, dims, strides, box, "matrix map");
+}
+
+// W1 [E, 2*ffn, hidden] viewed as element (k, r, 2e + p, b) = w1[e][p*ffn + rows*b + r][k]: the
+// expert stride (2*ffn rows) is twice the gate/up stride (ffn rows), so (e, p) fold into one dimension
+// of extent 2E, stride ffn rows. The box {64, rows, 2, blocks} walks r, then p, then b.
+static bool try_make_w1_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, uint32_t rows,
+                            uint32_t blocks, const char* what, CUtensorMap* map) {
+  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
+              "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[4] = {H, rows, 2 * cuuint64_t(experts), F / rows};
+  const cuuint64_t strides[3] = {H * 2, F * H * 2, rows * H * 2};  // row, parity/expert, row block
+  const cuuint32_t box[4] = {64, rows, 2, blocks};
+  return encode_raw(map, w1, 4, dims, strides, box, what) == CUDA_SUCCESS;
+}
+
+// Folded: 128 gate rows of block j, then their 128 up partners (one box per 256-column block).
+bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
+  return try_make_w1_map(w1, experts, hidden, ffn, 128, 1, "w1 folded map", map);
+}
+
+// Interleaved: 64 gate rows, their 64 up partners, the next 64 gate rows, theirs.
+bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
+  return try_make_w1_map(w1, experts, hidden, ffn, 64, 2, "w1 interleaved map", map);
+}
+
+CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
+  CUtensorMap map;
+  EPMOE_CHECK(try_make_w1_folded_map(w1, experts, hidden, ffn, &map), ErrorCode::cuda_error,
+              "w1 folded map: cuTensorMapEncodeTiled rejected the folded strides");
+  return map;
+}
+
+CUtensorMap make_w1_plain_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
+  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
+              "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[3] = {H, 2 * F, cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {H * 2, 2 * F * H * 2};
+  const cuuint32_t box[3] = {64, 128, 1};
+  return encode(w1, 3, dims, strides, box, "w1 plain map");
+}
+
+CUtensorMap make_w1_box_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, bool allow_folded, bool* folded) {
+  CUtensorMap map;
+  *folded = allow_folded && try_make_w1_folded_map(w1, experts, hidden, ffn, &map);
+  return *folded ? map : make_w1_plain_map(w1, experts, hidden, ffn);
+}
+
+CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn, int box_rows) {
+  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 64 == 0, ErrorCode::invalid_argument,
+              "w2 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {F * 2, H * F * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+  return encode(w2, 3, dims, strides, box, "w2 map");
+}
+
+}  // namespace epmoe::kernels::sm90

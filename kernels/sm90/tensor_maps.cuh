@@ -1,0 +1,42 @@
+// Host side of the sm_90a kernels: the TMA tensor maps they read and write through.
+// All maps are bf16, 128-byte swizzle, 64-element (128 B) inner box, zero fill out of bounds.
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace epmoe::kernels::sm90 {
+
+// Row-major [rows, cols] bf16 matrix, box {64 cols, box_rows rows}. Coordinates {col, row}.
+CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, int box_rows);
+
+// W1 [E, 2*ffn, hidden] folded so that one box brings gate rows [128j, 128j+128) followed by up rows
+// [ffn+128j, ...) of expert e (seed 000, Trick 1): rank 4, dims {hidden, 128, 2E, ffn/128}, byte
+// strides {hidden*2, ffn*hidden*2, 128*hidden*2}, box {64, 128, 2, 1}; coordinate {k0, 0, 2e, j}.
+// It lands in smem as [parity][row][64]: a 256 x 64 K-major tile, gate first.
+CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn);
+// Same, but returns false instead of throwing when the driver rejects the folded strides.
+bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map);
+
+// W1 folded and interleaved for the 192-row UP (up_tall_kernel.cu): rank 4, dims {hidden, 64, 2E,
+// ffn/64}, byte strides {hidden*2, ffn*hidden*2, 64*hidden*2}, box {64, 64, 2, 2}; coordinate
+// {k0, 0, 2e, 2j}. It lands in smem as gate rows [128j, +64), their up partners, gate rows
+// [128j + 64, +64), theirs: any 128-row half of the tile holds 64 gate rows with their up partners.
+// Returns false when the driver rejects the folded strides.
+bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map);
+
+// Fallback for W1 when the folded map is not available: rank 3 {hidden, 2*ffn, E}, box {64, 128, 1};
+// the gate half comes from coordinate {k0, 128j, e} and the up half from {k0, ffn + 128j, e} (two
+// loads per stage, same smem layout as the folded box).
+CUtensorMap make_w1_plain_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn);
+
+// The 128-row UP's W1 map: the folded one when `allow_folded` and the driver accepts it (*folded =
+// true), else the plain one (the multicast clusters always load the plain map's boxes).
+CUtensorMap make_w1_box_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, bool allow_folded, bool* folded);
+
+// W2 [E, hidden, ffn] as rank 3 {ffn, hidden, E}, box {64, box_rows, 1}; coordinate {k0, n0, e}.
+// Rows past `hidden` within an expert read as zero (never the next expert's rows).
+CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn, int box_rows);
+
+}  // namespace epmoe::kernels::sm90

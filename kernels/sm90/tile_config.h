@@ -1,0 +1,72 @@
+// The sm_90a kernels' tile geometry and shared-memory budget, as plain C++ constants: the kernels
+// (device code) and the heuristics tier (host C++, kernels/heuristics/) must agree on them, so they
+// are defined once here and static_assert'ed where they meet. No CUDA headers.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace epmoe::kernels::sm90 {
+
+// ---- the 128-row tile (UP, pair UP, DOWN) -----------------------------------------------------
+inline constexpr int kBM = 128;       // rows per tile: one expert-segment tile, two consumer warpgroups x 64
+inline constexpr int kBK = 64;        // K per ring stage: 64 bf16 = one 128-byte swizzle row
+inline constexpr int kBN = 256;       // wgmma N (UP: 128 gate + 128 up rows of W1; DOWN: output columns)
+inline constexpr int kStages = 4;     // ring depth
+inline constexpr int kThreads = 384;  // warpgroup 0 = producer, 1..2 = consumers
+inline constexpr int kConsumerThreads = 256;
+inline constexpr uint32_t kATileBytes = kBM * kBK * 2;  // 16 KB
+inline constexpr uint32_t kBTileBytes = kBN * kBK * 2;  // 32 KB
+inline constexpr uint32_t kStageBytes = kATileBytes + kBTileBytes;
+// Dynamic shared memory: 1 KB of slack to align the ring to 1024 B (128B-swizzle atoms), the ring.
+inline constexpr size_t kRingSmemBytes = 1024 + size_t(kStages) * kStageBytes;
+// UP's staged epilogue: per consumer warpgroup its 64 rows x 128 act columns as two 64x64 TMA boxes.
+inline constexpr uint32_t kUpStagingBytes = 2 * 2 * 64 * 128;  // 32 KB
+// DOWN's staged epilogue: per consumer warpgroup a 64 x 128 bf16 half, the 2 x 64 out rows, 2 headers.
+inline constexpr uint32_t kStageHalfBytes = 64 * 128 * 2;  // 16 KB
+inline constexpr size_t kDownStagingBytes = 2 * size_t(kStageHalfBytes) + 2 * 64 * sizeof(int32_t) + 2 * 8;
+inline constexpr int kReducerWarps = 3;  // DOWN: warps 1..3 of the producer warpgroup reduce into out
+
+// ---- the 192-row tile (the split's tall halves) ------------------------------------------------
+inline constexpr int kTallRows = 192;
+inline constexpr uint32_t kTallATileBytes = kTallRows * kBK * 2;  // 24 KB
+inline constexpr uint32_t kTallStageBytes = kTallATileBytes + kBTileBytes;
+inline constexpr int kTallUpStages = 4;
+inline constexpr int kTallDownStages = 3;  // leaves 48 KB for the 192-row DOWN's staging buffer
+inline constexpr uint32_t kTallDownStagingBytes = 3 * kStageHalfBytes;
+
+// ---- limits ---------------------------------------------------------------------------------------
+inline constexpr size_t kMaxDynSmemBytes = 227 * 1024;  // sm_90 opt-in limit per block
+inline constexpr size_t kStaticSmemReserve = 256;       // barriers and item slots of the 128-row kernels
+inline constexpr size_t kTallStaticSmemReserve = 1024;  // + the 192-row DOWN's row table
+
+// ---- schedule tuning values (the reasons: docs/DECISIONS.md) --------------------------------------
+inline constexpr int kGroupTiles = 16;  // row tiles per scheduling group (column-block-major inside)
+
+// The by-expert schedule's offsets (item_off, tile_first or seg64: E + 1 each) after the ring.
+inline constexpr size_t expert_schedule_smem_bytes(int experts) {
+  return (size_t(2) * (size_t(experts) + 1) * sizeof(int32_t) + 15) / 16 * 16;
+}
+// Dynamic shared memory of a 128-row kernel: ring, `staging` bytes of its epilogue, the schedule.
+inline constexpr size_t dyn_smem_bytes(bool by_expert, int experts, size_t staging) {
+  return kRingSmemBytes + staging + (by_expert ? expert_schedule_smem_bytes(experts) : 0);
+}
+inline constexpr bool fits_smem(size_t bytes, size_t static_reserve = kStaticSmemReserve) {
+  return bytes <= kMaxDynSmemBytes - static_reserve;
+}
+// The 192-row kernels: ring of `stages`, `extra` bytes (the 192-row DOWN's staging), the schedule.
+inline constexpr size_t tall_smem_bytes(int experts, int stages, size_t extra) {
+  return 1024 + size_t(stages) * kTallStageBytes + extra + expert_schedule_smem_bytes(experts);
+}
+inline constexpr size_t tall_up_smem_bytes(int experts) { return tall_smem_bytes(experts, kTallUpStages, 0); }
+inline constexpr size_t tall_down_smem_bytes(int experts) {
+  return tall_smem_bytes(experts, kTallDownStages, kTallDownStagingBytes);
+}
+
+static_assert(kBM == 128, "the consumer split (2 warpgroups x 64 rows) assumes 128-row tiles");
+static_assert(kRingSmemBytes <= kMaxDynSmemBytes, "the ring exceeds the sm_90 opt-in limit");
+static_assert(kATileBytes % 1024 == 0 && kBTileBytes % 1024 == 0 && kTallATileBytes % 1024 == 0,
+              "tiles must keep 1024 B alignment");
+static_assert(kDownStagingBytes % 16 == 0, "the schedule after the staging buffers wants 16-byte alignment");
+static_assert(kTallDownStagingBytes % 1024 == 0, "the staging buffer keeps the schedule after it aligned");
+
+}  // namespace epmoe::kernels::sm90

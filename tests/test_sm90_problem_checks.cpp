@@ -1,0 +1,91 @@
+// The sm_90a pipeline's problem checks (sm90::check_expert_problem, kernels/sm90/launch.cuh): every
+// problem the kernels cannot run is a clear invalid_argument error before anything launches. Needs
+// the CUDA headers (the ExpertProblem's bf16 pointers), not a GPU: built where CUDA is enabled.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "epmoe/error.h"
+#include "kernels/expert_problem.cuh"
+#include "kernels/sm90/launch.cuh"
+
+namespace {
+
+using epmoe::kernels::ExpertProblem;
+using epmoe::kernels::sm90::check_expert_problem;
+
+// A problem that passes (through make_expert_problem, as every caller builds it), then one field
+// broken at a time.
+ExpertProblem good_problem() {
+  alignas(16) static unsigned char buf[1024];
+  auto* bf = reinterpret_cast<__nv_bfloat16*>(buf);
+  const epmoe::kernels::ExpertWeightsView w{bf, bf, 4, 256, 384};
+  const epmoe::kernels::ExpertLayoutView layout{reinterpret_cast<const int64_t*>(buf),
+                                                reinterpret_cast<const int32_t*>(buf),
+                                                reinterpret_cast<const float*>(buf), 256};
+  return epmoe::kernels::make_expert_problem(w, bf, 100, layout, bf, bf, 100);
+}
+
+TEST(Sm90ProblemChecks, RejectsWhatTheKernelsCannotRun) {
+  EXPECT_NO_THROW(check_expert_problem(good_problem(), "test"));
+  {
+    ExpertProblem p = good_problem();
+    p.zero_out = true;
+    p.xs = nullptr;  // (the cuBLAS path's input: the sm_90 UP never reads it)
+    EXPECT_NO_THROW(check_expert_problem(p, "test"));
+  }
+  auto expect_bad = [](const ExpertProblem& p, const char* what, const char* named) {
+    try {
+      check_expert_problem(p, "test");
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const epmoe::Error& e) {
+      EXPECT_EQ(e.code(), epmoe::ErrorCode::invalid_argument) << what;
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("test"), std::string::npos) << "the caller's name: " << e.what();
+    }
+  };
+  auto p = good_problem();
+  p.hidden = 200;
+  expect_bad(p, "hidden % 128", "hidden");
+  p = good_problem();
+  p.ffn = 0;
+  expect_bad(p, "ffn 0", "ffn");
+  p = good_problem();
+  p.ffn = 320;
+  expect_bad(p, "ffn % 128", "ffn");
+  p = good_problem();
+  p.experts = 0;
+  expect_bad(p, "no experts", "experts");
+  p = good_problem();
+  p.rows_capacity = int64_t(1) << 31;
+  expect_bad(p, "rows_capacity 2^31", "rows_capacity");
+  p = good_problem();
+  p.rows_capacity = 0;
+  expect_bad(p, "rows_capacity 0", "rows_capacity");
+  p = good_problem();
+  p.pair_row = nullptr;
+  expect_bad(p, "null pair_row", "layout");
+  p = good_problem();
+  p.padded_offsets = nullptr;
+  expect_bad(p, "null padded_offsets", "layout");
+  p = good_problem();
+  p.pair_weight = nullptr;
+  expect_bad(p, "null pair_weight", "layout");
+  p = good_problem();
+  p.w2 = reinterpret_cast<const __nv_bfloat16*>(reinterpret_cast<const unsigned char*>(p.w2) + 2);
+  expect_bad(p, "misaligned w2", "aligned");
+  p = good_problem();
+  p.act = nullptr;
+  expect_bad(p, "null act", "aligned");
+  // The UP always gathers its rows from x: x is required (xs alone does not do), with rows.
+  p = good_problem();
+  p.xs = p.x;
+  p.x = nullptr;
+  expect_bad(p, "xs without x", "x");
+  p = good_problem();
+  p.x_rows = 0;
+  expect_bad(p, "x without rows", "x_rows");
+}
+
+}  // namespace
