@@ -1,4 +1,7 @@
-// The CPU engine: the whole EP forward on the host, over any host communicator (mock, MPI).
+// The CPU engine: the whole EP forward and backward on the host, over any host communicator (mock,
+// MPI). The backward runs the forward's protocol in reverse on the saved layout:
+//   status exchange -> dispatch dy along the forward's routes -> expert backward (dx rows, ds, dW)
+//   -> combine {dx rows, ds} back -> source: dx = fixed-order fp32 sum, d_topk_weights from ds
 #include <chrono>
 #include <cstring>
 
@@ -12,18 +15,29 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
+// What a CPU forward keeps for its backward.
+struct CpuSaved final : MoeForwardContext::State {
+  protocol::DispatchLayout L;  // source side: routes, token_row, send_meta
+  protocol::ReceivePlan P;     // rows from / to each peer
+  std::vector<int32_t> ids;    // [T, k] the forward's topk_ids (d_topk_weights' slots)
+  std::vector<bf16> recv_x;    // [R, hidden] received rows
+  std::vector<int32_t> recv_meta;
+  std::vector<bf16> h;         // [pairs, 2 ffn] (rows_and_preactivation), else empty
+};
+
 class CpuEngine final : public MoeLayer::Engine {
  public:
   CpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm, const LayerOptions& opt)
       : comm_(std::move(comm)),
         experts_(c, w.w1.ptr<bf16>(), w.w2.ptr<bf16>(), opt.cpu_threads),
-        on_receive_(opt.on_receive) {
+        on_receive_(opt.on_receive),
+        save_policy_(opt.save_policy) {
     cfg = c;
     path = ExpertPath::cpu;
   }
 
-  void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-               void*) override {
+  void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, void*,
+               MoeForwardContext* save) override {
     const int W = cfg.world_size, El = cfg.experts_per_rank(), H = cfg.hidden, k = cfg.top_k;
     const size_t row_bytes = size_t(H) * sizeof(bf16), meta_bytes = size_t(protocol::meta_words(k)) * 4;
     stats = {};
@@ -68,7 +82,9 @@ class CpuEngine final : public MoeLayer::Engine {
     // local experts: one weighted sum per received row
     t0 = Clock::now();
     expert_out_.resize(size_t(recvd) * H);
-    experts_.run(recv_x_.data(), recv_meta_.data(), recvd, expert_out_.data());
+    const bool keep_h = save != nullptr && save_policy_ == SavePolicy::rows_and_preactivation;
+    std::vector<bf16> h(keep_h ? size_t(P.total_pairs()) * 2 * cfg.ffn : 0);
+    experts_.run(recv_x_.data(), recv_meta_.data(), recvd, expert_out_.data(), keep_h ? h.data() : nullptr);
     stats.experts_ms = ms_since(t0);
 
     // combine: rows go back the way they came
@@ -89,6 +105,74 @@ class CpuEngine final : public MoeLayer::Engine {
     stats.dispatch_bytes = int64_t(sent * (row_bytes + meta_bytes));
     stats.combine_bytes = int64_t(recvd * row_bytes);
     stats.expert_pairs = P.total_pairs();
+
+    if (save != nullptr) {
+      auto st = std::make_unique<CpuSaved>();
+      st->engine = this;
+      st->policy = save_policy_;
+      st->pairs = P.total_pairs();
+      st->ids.assign(ids.ptr<int32_t>(), ids.ptr<int32_t>() + T * k);
+      st->recv_x = recv_x_;
+      st->recv_meta = recv_meta_;
+      st->h = std::move(h);
+      st->activation_bytes = int64_t((st->recv_x.size() + st->h.size()) * sizeof(bf16));
+      st->L = std::move(L);
+      st->P = P;
+      st->bytes = st->activation_bytes + int64_t(st->recv_meta.size() * 4 + st->ids.size() * 4 +
+                                                 st->L.send_meta.size() * 4 + st->L.token_row.size() * 4 +
+                                                 st->L.send_token.size() * 4);
+      save->state = std::move(st);
+    }
+  }
+
+  void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
+                const ExpertGradients& grads, void*) override {
+    const int W = cfg.world_size, El = cfg.experts_per_rank(), H = cfg.hidden, F = cfg.ffn, k = cfg.top_k;
+    const auto* st = dynamic_cast<const CpuSaved*>(ctx.state.get());
+    const int64_t T = st != nullptr ? st->L.num_tokens : 0;
+    const protocol::Status status = validate_backward_args(cfg, ctx, this, T, dy, dx, dwts, grads, DeviceType::cpu);
+    // Status exchange: a bad argument on any rank fails every rank alike (the counts are the saved
+    // forward's; an erring rank announces zero rows).
+    protocol::DispatchLayout none;
+    none.world = W;
+    none.top_k = k;
+    none.experts_per_rank = El;
+    none.send_rows.assign(W, 0);
+    none.send_pairs.assign(size_t(W) * El, 0);
+    protocol::encode_count_headers(status.ok() ? st->L : none, status, send_hdr_);
+    recv_hdr_.resize(send_hdr_.size());
+    comm_->alltoall_i64(send_hdr_.data(), recv_hdr_.data(), size_t(protocol::header_words(El)));
+    const protocol::ReceivePlan P = protocol::decode_count_headers(recv_hdr_, W, El);  // throws on every rank
+    EPMOE_CHECK(P.recv_rows == st->P.recv_rows, ErrorCode::internal, "backward: the peers' saved forwards differ "
+                "from this rank's (a context of another forward?)");
+    const protocol::DispatchLayout& L = st->L;
+    const size_t row_bytes = size_t(H) * sizeof(bf16);
+    const int64_t sent = L.total_rows(), recvd = P.total_rows();
+
+    // dy along the forward's routes: once to each rank that had the token.
+    send_x_.resize(size_t(sent) * H);
+    protocol::pack_send_rows(L, dy.ptr<bf16>(), H, send_x_.data());
+    recv_x_.resize(size_t(recvd) * H);
+    const AlltoallvPlane fwd[1] = {protocol::make_plane(send_x_.data(), recv_x_.data(), L.send_rows, P.recv_rows, row_bytes)};
+    comm_->alltoallv(fwd);
+
+    // The experts' backward: dx rows, ds per (row, local slot), dW in fp32.
+    expert_out_.resize(size_t(recvd) * H);
+    std::vector<float> ds(size_t(recvd) * k), dw1(size_t(El) * 2 * F * H, 0.f), dw2(size_t(El) * H * F, 0.f);
+    experts_.backward(st->recv_x.data(), st->recv_meta.data(), recvd, recv_x_.data(),
+                      st->h.empty() ? nullptr : st->h.data(), expert_out_.data(), ds.data(), dw1.data(), dw2.data());
+
+    // Back to the sources: dx rows and the ds of each row's slots.
+    returned_.resize(size_t(sent) * H);
+    std::vector<float> ds_back(size_t(sent) * k);
+    const AlltoallvPlane back[2] = {
+        protocol::make_plane(expert_out_.data(), returned_.data(), P.recv_rows, L.send_rows, row_bytes),
+        protocol::make_plane(ds.data(), ds_back.data(), P.recv_rows, L.send_rows, size_t(k) * sizeof(float))};
+    comm_->alltoallv(back);
+    protocol::combine_reduce(L, returned_.data(), H, dx.ptr<bf16>());
+    protocol::scatter_weight_grads(L, st->ids.data(), ds_back.data(), dwts.ptr<float>());
+    write_grad(grads.dw1, dw1, grads.accumulate);
+    write_grad(grads.dw2, dw2, grads.accumulate);
   }
 
  private:
@@ -98,6 +182,18 @@ class CpuEngine final : public MoeLayer::Engine {
   std::vector<bf16> send_x_, recv_x_, expert_out_, returned_;
   std::vector<int32_t> recv_meta_;
   std::function<void(const void*, const int32_t*, const std::vector<int64_t>&)> on_receive_;
+  SavePolicy save_policy_;
+
+  // g = v (or += v) in g's dtype (bf16 rounds once, after the sum).
+  static void write_grad(const TensorView& g, const std::vector<float>& v, bool accumulate) {
+    if (g.dtype == DType::f32) {
+      float* d = g.ptr<float>();
+      for (size_t i = 0; i < v.size(); ++i) d[i] = accumulate ? d[i] + v[i] : v[i];
+    } else {
+      bf16* d = g.ptr<bf16>();
+      for (size_t i = 0; i < v.size(); ++i) d[i] = bf16(accumulate ? d[i].f() + v[i] : v[i]);
+    }
+  }
 };
 
 }  // namespace

@@ -27,14 +27,39 @@ void gemm_axpy(const float* a, int64_t lda, int m, const float* bt, int K, int n
   }
 }
 
+float sigmoid(float g) { return 1.f / (1.f + std::exp(-g)); }
 float silu(float g) { return g / (1.f + std::exp(-g)); }
 
+// acc[0, n) += the per-expert contributions fn(e, into) adds into its argument, summed in expert
+// order whatever the threads (so the result does not depend on thread timing): on one thread
+// straight into acc; on several, experts striped over the threads into private buffers, summed
+// afterwards in expert order (the same fp32 sums as the one-thread order).
+template <class Fn>
+void sum_over_experts(int experts, int threads, int64_t n, float* acc, Fn&& fn) {
+  if (threads <= 1 || experts <= 1) {
+    for (int e = 0; e < experts; ++e) fn(e, acc);
+    return;
+  }
+  const int nt = std::min(threads, experts);
+  std::vector<std::vector<float>> part(experts);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < nt; ++t)
+    pool.emplace_back([&, t] {
+      for (int e = t; e < experts; e += nt) {
+        part[e].assign(size_t(n), 0.f);
+        fn(e, part[e].data());
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (int e = 0; e < experts; ++e)
+    for (int64_t i = 0; i < n; ++i) acc[i] += part[e][size_t(i)];
+}
 }  // namespace
 
 CpuExperts::CpuExperts(const MoeConfig& cfg, const bf16* w1, const bf16* w2, int threads)
     : cfg_(cfg), w1_(w1), w2_(w2), threads_(std::max(1, threads)) {}
 
-void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc) const {
+void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const {
   const int H = cfg_.hidden, F = cfg_.ffn;
   const int64_t begin = L.padded_offsets[e], n = L.expert_counts[e];
   if (n == 0) return;
@@ -57,6 +82,9 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
     }
     std::fill(gu.begin(), gu.end(), 0.f);
     gemm_axpy(xb.data(), H, m, w1t.data(), H, 2 * F, gu.data());
+    if (h != nullptr)
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < 2 * F; ++j) h[(begin + i0 + i) * 2 * F + j] = bf16(gu[size_t(i) * 2 * F + j]);
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < F; ++j) {
         const float g = gu[size_t(i) * 2 * F + j], u = gu[size_t(i) * 2 * F + F + j];
@@ -73,32 +101,113 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
   }
 }
 
-void CpuExperts::run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out) const {
+void CpuExperts::run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h) const {
   const int H = cfg_.hidden, El = cfg_.experts_per_rank();
   const protocol::ExpertLayout L = protocol::expert_layout(meta, rows, cfg_.top_k, El, /*tile=*/1);
   std::vector<float> acc(size_t(rows) * H, 0.f);
-  if (threads_ == 1 || El == 1) {
-    for (int e = 0; e < El; ++e) run_expert(e, x, L, acc.data());
-  } else {
-    // Experts in parallel, each into a private accumulator, summed in expert order afterwards so
-    // the result does not depend on thread timing.
-    const int nt = std::min(threads_, El);
-    std::vector<std::vector<float>> part(El);
-    std::vector<std::thread> pool;
-    for (int t = 0; t < nt; ++t)
-      pool.emplace_back([&, t] {
-        for (int e = t; e < El; e += nt) {
-          if (L.expert_counts[e] == 0) continue;
-          part[e].assign(size_t(rows) * H, 0.f);
-          run_expert(e, x, L, part[e].data());
-        }
-      });
-    for (auto& th : pool) th.join();
-    for (int e = 0; e < El; ++e)
-      if (!part[e].empty())
-        for (size_t i = 0; i < acc.size(); ++i) acc[i] += part[e][i];
-  }
+  sum_over_experts(El, threads_, rows * H, acc.data(), [&](int e, float* into) {
+    if (L.expert_counts[e] > 0) run_expert(e, x, L, into, h);
+  });
   for (size_t i = 0; i < acc.size(); ++i) out[i] = bf16(acc[i]);
+}
+
+void CpuExperts::backward_expert(int e, const bf16* x, const int32_t* meta, const protocol::ExpertLayout& L,
+                                 const bf16* dy, const bf16* h, float* dx_acc, float* ds, float* dw1,
+                                 float* dw2) const {
+  const int H = cfg_.hidden, F = cfg_.ffn, k = cfg_.top_k;
+  const int64_t begin = L.padded_offsets[e], n = L.expert_counts[e];
+  if (n == 0) return;
+  const bf16* w1 = w1_ + int64_t(e) * 2 * F * H;  // [2F, H]: as bt of dx = dh . W1
+  const bf16* w2 = w2_ + int64_t(e) * H * F;      // [H, F]: as bt of da' = dy . W2
+  std::vector<float> w1f(size_t(2) * F * H), w2f(size_t(H) * F), w1t;
+  for (size_t i = 0; i < w1f.size(); ++i) w1f[i] = w1[i].f();
+  for (size_t i = 0; i < w2f.size(); ++i) w2f[i] = w2[i].f();
+  if (h == nullptr) {  // recompute: the forward's transposed W1, the forward's GEMM order
+    w1t.assign(size_t(H) * 2 * F, 0.f);
+    for (int o = 0; o < 2 * F; ++o)
+      for (int c = 0; c < H; ++c) w1t[size_t(c) * 2 * F + o] = w1f[size_t(o) * H + c];
+  }
+  float* dw1e = dw1 + int64_t(e) * 2 * F * H;
+  float* dw2e = dw2 + int64_t(e) * H * F;
+  std::vector<float> xb(size_t(kRowBlock) * H), dyb(size_t(kRowBlock) * H), gu(size_t(kRowBlock) * 2 * F),
+      act(size_t(kRowBlock) * F), dap(size_t(kRowBlock) * F), dh(size_t(kRowBlock) * 2 * F),
+      dxb(size_t(kRowBlock) * H);
+  for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
+    const int m = int(std::min<int64_t>(kRowBlock, n - i0));
+    for (int i = 0; i < m; ++i) {
+      const int64_t row = L.pair_row[begin + i0 + i];
+      for (int c = 0; c < H; ++c) {
+        xb[size_t(i) * H + c] = x[row * H + c].f();
+        dyb[size_t(i) * H + c] = dy[row * H + c].f();
+      }
+    }
+    if (h != nullptr) {
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < 2 * F; ++j) gu[size_t(i) * 2 * F + j] = h[(begin + i0 + i) * 2 * F + j].f();
+    } else {
+      std::fill(gu.begin(), gu.end(), 0.f);
+      gemm_axpy(xb.data(), H, m, w1t.data(), H, 2 * F, gu.data());
+      for (float& v : gu) v = round_bf16(v);  // as saved
+    }
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < F; ++j)
+        act[size_t(i) * F + j] = round_bf16(silu(gu[size_t(i) * 2 * F + j]) * gu[size_t(i) * 2 * F + F + j]);
+    std::fill(dap.begin(), dap.end(), 0.f);
+    gemm_axpy(dyb.data(), H, m, w2f.data(), H, F, dap.data());  // da' = dy . W2
+    for (int i = 0; i < m; ++i) {
+      const int64_t pair = begin + i0 + i;
+      const int64_t row = L.pair_row[pair];
+      const float s = L.pair_weight[pair];
+      double dsum = 0;
+      for (int j = 0; j < F; ++j) dsum += double(dap[size_t(i) * F + j]) * act[size_t(i) * F + j];
+      // The row's local slot of expert e, in meta order (the order the source reads ds back in).
+      const int32_t* m_row = meta + row * protocol::meta_words(k);
+      int slot = 0;
+      while (slot < k && m_row[1 + slot] != e) ++slot;
+      ds[row * k + slot] = float(dsum);
+      for (int j = 0; j < F; ++j) {
+        const float g = gu[size_t(i) * 2 * F + j], u = gu[size_t(i) * 2 * F + F + j];
+        const float sg = sigmoid(g), da = s * dap[size_t(i) * F + j];
+        dh[size_t(i) * 2 * F + j] = da * u * sg * (1.f + g * (1.f - sg));  // silu'(g) = sg (1 + g (1 - sg))
+        dh[size_t(i) * 2 * F + F + j] = da * g * sg;                        // silu(g)
+      }
+    }
+    std::fill(dxb.begin(), dxb.end(), 0.f);
+    gemm_axpy(dh.data(), 2 * F, m, w1f.data(), 2 * F, H, dxb.data());  // dx = dh . W1
+    for (int i = 0; i < m; ++i) {
+      const int64_t pair = begin + i0 + i;
+      const int64_t row = L.pair_row[pair];
+      const float s = L.pair_weight[pair];
+      float* d = dx_acc + row * H;
+      for (int c = 0; c < H; ++c) d[c] += dxb[size_t(i) * H + c];
+      // dW2 += s dy act^T, dW1 += dh x^T (row by row: the weights' rows stream once per row block)
+      for (int c = 0; c < H; ++c) {
+        const float v = s * dyb[size_t(i) * H + c];
+        if (v == 0.f) continue;
+        float* o = dw2e + int64_t(c) * F;
+        for (int j = 0; j < F; ++j) o[j] += v * act[size_t(i) * F + j];
+      }
+      for (int o2 = 0; o2 < 2 * F; ++o2) {
+        const float v = dh[size_t(i) * 2 * F + o2];
+        if (v == 0.f) continue;
+        float* o = dw1e + int64_t(o2) * H;
+        for (int c = 0; c < H; ++c) o[c] += v * xb[size_t(i) * H + c];
+      }
+    }
+  }
+}
+
+void CpuExperts::backward(const bf16* x, const int32_t* meta, int64_t rows, const bf16* dy, const bf16* h, bf16* dx,
+                          float* ds, float* dw1, float* dw2) const {
+  const int H = cfg_.hidden, El = cfg_.experts_per_rank();
+  const protocol::ExpertLayout L = protocol::expert_layout(meta, rows, cfg_.top_k, El, /*tile=*/1);
+  std::fill(ds, ds + rows * cfg_.top_k, 0.f);
+  // dW per expert is its own; ds is written once per (row, slot).
+  std::vector<float> acc(size_t(rows) * H, 0.f);
+  sum_over_experts(El, threads_, rows * H, acc.data(), [&](int e, float* into) {
+    if (L.expert_counts[e] > 0) backward_expert(e, x, meta, L, dy, h, into, ds, dw1, dw2);
+  });
+  for (size_t i = 0; i < acc.size(); ++i) dx[i] = bf16(acc[i]);
 }
 
 }  // namespace epmoe

@@ -1,7 +1,11 @@
-// CPU expert compute: the destination side of the EP forward on the host.
+// CPU expert compute: the destination side of the EP forward and backward on the host.
 //   x[rows, hidden] bf16 received rows, meta[rows, meta_words] ->
 //   out[rows, hidden] bf16 = bf16( sum over the row's local experts e of w * W2_e act_e(x) )
-//   act_e(x) = bf16( silu(W1gate_e x) * (W1up_e x) )      fp32 accumulation throughout
+//   act_e(x) = bf16( silu(g) * u ), [g, u] = W1_e x       fp32 accumulation throughout
+// Backward, per (row, local expert e, weight s), given the row's dy (gradients with [g, u] rounded to
+// bf16, as saved, whichever the save policy):
+//   da' = W2_e^T dy, ds = <da', act>, da = s da', dg = da u silu'(g), du = da silu(g)
+//   dx_row += W1_e^T [dg, du], dW2_e += s dy act^T, dW1_e += [dg, du] x^T
 #pragma once
 #include <cstdint>
 
@@ -13,10 +17,19 @@ class CpuExperts {
  public:
   // w1[E_local, 2*ffn, hidden], w2[E_local, hidden, ffn] (bf16, host). Not copied: must outlive this.
   CpuExperts(const MoeConfig& cfg, const bf16* w1, const bf16* w2, int threads);
-  void run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out) const;
+  // h (optional, [pairs, 2 ffn] bf16 in expert-layout order, tile 1): the rows' [g, u], for backward.
+  void run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h = nullptr) const;
+  // dy[rows, hidden] bf16 (the rows' gradients, in received order); h: the forward's, or null to
+  // recompute it. Writes dx[rows, hidden] bf16 and ds[rows, top_k] f32 (the n-th local slot of the
+  // row in meta order; 0 past its last), and adds into dw1[E_local, 2 ffn, hidden] and
+  // dw2[E_local, hidden, ffn] (fp32).
+  void backward(const bf16* x, const int32_t* meta, int64_t rows, const bf16* dy, const bf16* h, bf16* dx, float* ds,
+                float* dw1, float* dw2) const;
 
  private:
-  void run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc) const;
+  void run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const;
+  void backward_expert(int e, const bf16* x, const int32_t* meta, const protocol::ExpertLayout& L, const bf16* dy,
+                       const bf16* h, float* dx_acc, float* ds, float* dw1, float* dw2) const;
   MoeConfig cfg_;
   const bf16* w1_;
   const bf16* w2_;

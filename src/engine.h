@@ -8,11 +8,24 @@
 
 namespace epmoe {
 
+// What an engine keeps of a forward for its backward (engine-specific subclasses).
+struct MoeForwardContext::State {
+  virtual ~State() = default;
+  const void* engine = nullptr;  // the engine that saved it: a context belongs to one layer
+  SavePolicy policy = SavePolicy::rows_and_preactivation;
+  int64_t bytes = 0;             // everything kept
+  int64_t activation_bytes = 0;  // the received rows and h
+  int64_t pairs = 0;
+};
+
 class MoeLayer::Engine {
  public:
   virtual ~Engine() = default;
+  // save: null, or a context to fill for backward.
   virtual void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
-                       const TensorView& y, void* stream) = 0;
+                       const TensorView& y, void* stream, MoeForwardContext* save) = 0;
+  virtual void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
+                        const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) = 0;
   MoeConfig cfg;
   ForwardStats stats;
   ExpertPath path = ExpertPath::automatic;
@@ -25,6 +38,13 @@ protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x
 // Checks w1/w2 shapes for this rank (throws: construction is local and before any collective
 // except the configuration agreement, which runs first).
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device);
+// The same for backward's arguments against the saved forward (T = that forward's tokens): dy, dx
+// bf16[T, hidden], d_topk_weights f32[T, k], dw1 / dw2 of ExpertWeights' shapes in bf16 or f32;
+// ctx saved by `engine`.
+protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardContext& ctx, const void* engine,
+                                        int64_t T, const TensorView& dy, const TensorView& dx,
+                                        const TensorView& d_topk_weights, const ExpertGradients& grads,
+                                        DeviceType device);
 
 std::unique_ptr<MoeLayer::Engine> make_cpu_engine(const MoeConfig& cfg, const ExpertWeights& w,
                                                   std::shared_ptr<Communicator> comm, const LayerOptions& opt);

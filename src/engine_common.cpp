@@ -50,6 +50,36 @@ protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x
   return s;
 }
 
+protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardContext& ctx, const void* engine,
+                                        int64_t T, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
+                                        const ExpertGradients& g, DeviceType device) {
+  protocol::Status s;
+  auto fail = [&](std::string text) {
+    s.code = ErrorCode::invalid_argument;
+    s.text = std::move(text);
+    return s;
+  };
+  if (!ctx.saved()) return fail("backward: the context holds no saved forward (pass it to forward(..., save))");
+  if (ctx.state->engine != engine) return fail("backward: the context was saved by another layer");
+  const int El = cfg.experts_per_rank();
+  for (const std::string& p : {tensor_problem(dy, "dy", DType::bf16, T, cfg.hidden, device),
+                               tensor_problem(dx, "dx", DType::bf16, T, cfg.hidden, device),
+                               tensor_problem(dwts, "d_topk_weights", DType::f32, T, cfg.top_k, device)})
+    if (!p.empty()) return fail("backward: " + p);
+  const std::pair<const TensorView*, const char*> grads[2] = {{&g.dw1, "dw1"}, {&g.dw2, "dw2"}};
+  const int64_t want[2][3] = {{El, 2 * int64_t(cfg.ffn), cfg.hidden}, {El, cfg.hidden, cfg.ffn}};
+  for (int i = 0; i < 2; ++i) {
+    const TensorView& t = *grads[i].first;
+    const bool dtype_ok = t.dtype == DType::bf16 || t.dtype == DType::f32;
+    const bool shape_ok = t.ndim == 3 && t.shape[0] == want[i][0] && t.shape[1] == want[i][1] && t.shape[2] == want[i][2];
+    if (!dtype_ok || !shape_ok || t.device != device || !t.is_contiguous() || (t.numel() > 0 && t.data == nullptr))
+      return fail(detail::concat("backward: ", grads[i].second, ": expected bf16 or f32 [", want[i][0], ", ",
+                                 want[i][1], ", ", want[i][2], "] contiguous on ", device_name(device), ", got ",
+                                 t.describe()));
+  }
+  return s;
+}
+
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
   check_tensor(w.w1, "w1", DType::bf16, {El, 2 * int64_t(cfg.ffn), cfg.hidden}, device);

@@ -225,6 +225,28 @@ void combine_reduce(const DispatchLayout& L, const bf16* returned, int hidden, b
   }
 }
 
+void pack_send_rows(const DispatchLayout& L, const bf16* src, int hidden, bf16* send) {
+  for (int64_t r = 0; r < L.total_rows(); ++r)
+    std::memcpy(send + r * hidden, src + int64_t(L.send_token[r]) * hidden, size_t(hidden) * sizeof(bf16));
+}
+
+void scatter_weight_grads(const DispatchLayout& L, const int32_t* ids, const float* returned, float* dw) {
+  const int W = L.world, k = L.top_k, El = L.experts_per_rank;
+  for (int64_t t = 0; t < L.num_tokens; ++t) {
+    int seen[kMaxWorldSize] = {};  // local slots of token t met so far, per destination rank
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = ids[t * k + j];
+      float v = 0.f;
+      if (e >= 0) {
+        const int r = e / El;
+        const int32_t row = L.token_row[t * W + r];
+        v = returned[int64_t(row) * k + seen[r]++];
+      }
+      dw[t * k + j] = v;
+    }
+  }
+}
+
 AlltoallvPlane make_plane(const void* send, void* recv, const std::vector<int64_t>& send_rows,
                           const std::vector<int64_t>& recv_rows, size_t row_bytes) {
   AlltoallvPlane p;

@@ -103,6 +103,15 @@ inline int64_t round_up(int64_t n, int64_t tile) { return (n + tile - 1) / tile 
 // Source side: y[t] = bf16( sum over dest ranks ascending of returned[token_row[t, r]] ), fp32 sums.
 void combine_reduce(const DispatchLayout& layout, const bf16* returned, int hidden, bf16* y);
 
+// Source side: row r of the send buffer = src[send_token[r]] (x in the forward, dy in the backward:
+// combine's backward is a dispatch of dy along the forward's routes).
+void pack_send_rows(const DispatchLayout& layout, const bf16* src, int hidden, bf16* send);
+
+// Source side of the backward: d_topk_weights[t, j] from the d(weight)s the destinations returned,
+// returned[row, n] for the n-th local slot (in slot order) of send row `row` - the meta order of the
+// forward's dispatch - and 0 for dropped slots. topk_ids as in the forward.
+void scatter_weight_grads(const DispatchLayout& layout, const int32_t* topk_ids, const float* returned, float* d_weights);
+
 // Byte counts of one plane for rows of row_bytes bytes, given rows per peer.
 AlltoallvPlane make_plane(const void* send, void* recv, const std::vector<int64_t>& send_rows,
                           const std::vector<int64_t>& recv_rows, size_t row_bytes);

@@ -214,7 +214,13 @@ class GpuEngine final : public MoeLayer::Engine {
   ~GpuEngine() override { destroy(); }
 
   void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-               void* stream) override;
+               void* stream, MoeForwardContext* save) override;
+  // Not built yet on the GPU engine (issue 45): every rank of a GPU layer raises the same error
+  // before any collective, so none waits.
+  void backward(const MoeForwardContext&, const TensorView&, const TensorView&, const TensorView&,
+                const ExpertGradients&, void*) override {
+    EPMOE_FAIL(ErrorCode::unsupported, "backward is not built on the GPU engine yet (cpu weights run it)");
+  }
 
   GpuDispatchView dispatch_view() const {
     GpuDispatchView v;
@@ -330,7 +336,9 @@ class GpuEngine final : public MoeLayer::Engine {
 };
 
 void GpuEngine::forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                        void* stream) {
+                        void* stream, MoeForwardContext* save) {
+  EPMOE_CHECK(save == nullptr, ErrorCode::unsupported,
+              "forward(..., save) for backward is not built on the GPU engine yet (cpu weights run it)");
   DeviceGuard guard(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // After the previous forward (whatever stream it ran on): the buffers are shared.

@@ -43,8 +43,25 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shar
 MoeLayer::~MoeLayer() = default;
 
 void MoeLayer::forward(const TensorView& x, const TensorView& ids, const TensorView& w, const TensorView& y,
-                       void* stream) {
-  engine_->forward(x, ids, w, y, stream);
+                       void* stream, MoeForwardContext* save) {
+  engine_->forward(x, ids, w, y, stream, save);
+}
+
+void MoeLayer::backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
+                        const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) {
+  engine_->backward(ctx, dy, dx, d_topk_weights, grads, stream);
+}
+
+MoeForwardContext::MoeForwardContext() = default;
+MoeForwardContext::~MoeForwardContext() = default;
+MoeForwardContext::MoeForwardContext(MoeForwardContext&&) noexcept = default;
+MoeForwardContext& MoeForwardContext::operator=(MoeForwardContext&&) noexcept = default;
+bool MoeForwardContext::saved() const { return state != nullptr; }
+SavePolicy MoeForwardContext::policy() const { return state ? state->policy : SavePolicy::rows_and_preactivation; }
+int64_t MoeForwardContext::saved_bytes() const { return state ? state->bytes : 0; }
+int64_t MoeForwardContext::routed_pairs() const { return state ? state->pairs : 0; }
+double MoeForwardContext::activation_bytes_per_pair() const {
+  return state && state->pairs > 0 ? double(state->activation_bytes) / double(state->pairs) : 0.0;
 }
 
 const MoeConfig& MoeLayer::config() const { return engine_->cfg; }

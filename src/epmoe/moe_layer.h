@@ -27,6 +27,12 @@ struct ExpertWeights {
   TensorView w2;  // bf16 [E_local, hidden, ffn]
 };
 
+// What a forward keeps for its backward (MoeForwardContext), per routed (row, expert) pair:
+enum class SavePolicy : uint8_t {
+  rows_and_preactivation,  // the received rows and h = [gate, up] (2 ffn bf16 per pair): no recompute
+  rows_recompute,          // the received rows only; backward recomputes h (one more W1 GEMM)
+};
+
 enum class ExpertPath {
   automatic,  // sm_90 kernels on Hopper, else the cuBLAS fallback; CPU for cpu weights
   cpu,
@@ -43,6 +49,9 @@ struct LayerOptions {
   // sm_90 path: fields to force on top of the heuristics' plan for each forward's shape (epmoe/
   // sm90_plan.h). Checked against the layer's shape at construction, on every rank alike.
   Sm90PlanOverride sm90_plan;
+  // What forward(..., save) keeps for backward. Both policies give the same gradients: h is kept,
+  // or recomputed, rounded to bf16.
+  SavePolicy save_policy = SavePolicy::rows_and_preactivation;
   // Inspection hook (tests, debugging): called after the dispatch with the received rows
   // x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
   // src/ep_protocol.h) and the rows received from each rank, in host memory. The GPU engine copies
@@ -62,6 +71,39 @@ struct ForwardStats {
   double layout_ms = 0, exchange_ms = 0, dispatch_ms = 0, experts_ms = 0, combine_ms = 0, reduce_ms = 0;
 };
 
+// The saved state of one forward for its backward: the dispatch layout and what the save policy
+// keeps (caller-owned, so several micro-batches may be in flight). Filled by MoeLayer::forward with
+// a non-null `save`; consumed by MoeLayer::backward (it stays valid: backward may run again, e.g.
+// with another dy). Movable, not copyable.
+class MoeForwardContext {
+ public:
+  MoeForwardContext();
+  ~MoeForwardContext();
+  MoeForwardContext(MoeForwardContext&&) noexcept;
+  MoeForwardContext& operator=(MoeForwardContext&&) noexcept;
+  MoeForwardContext(const MoeForwardContext&) = delete;
+  MoeForwardContext& operator=(const MoeForwardContext&) = delete;
+
+  bool saved() const;                   // a forward has filled it
+  SavePolicy policy() const;
+  int64_t saved_bytes() const;          // bytes kept on this rank (rows, h, layout)
+  int64_t routed_pairs() const;         // (received row, local expert) pairs computed on this rank
+  // The activation bytes kept per routed pair: the received rows' share plus h (2 ffn bf16) under
+  // rows_and_preactivation, the rows' share alone under rows_recompute. 0 without pairs.
+  double activation_bytes_per_pair() const;
+
+  struct State;  // engine-specific
+  std::unique_ptr<State> state;
+};
+
+// Expert weight gradients of this rank's experts, the shapes of ExpertWeights: dw1[E_local, 2*ffn,
+// hidden], dw2[E_local, hidden, ffn], each bf16 or f32 (its own dtype). accumulate: += (micro-batch
+// accumulation) instead of =.
+struct ExpertGradients {
+  TensorView dw1, dw2;
+  bool accumulate = false;
+};
+
 class MoeLayer {
  public:
   MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shared_ptr<Communicator> comm,
@@ -73,8 +115,18 @@ class MoeLayer {
   // x bf16[T, hidden], topk_ids i32[T, k], topk_weights f32[T, k] -> y bf16[T, hidden] (written).
   // T may differ between ranks and may be 0. Collective: every rank must call it. `stream` is a
   // cudaStream_t for the GPU engine (work is ordered on it; returns without synchronizing).
+  // With `save`, also keeps what backward needs there (LayerOptions::save_policy).
   void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights, const TensorView& y,
-               void* stream = nullptr);
+               void* stream = nullptr, MoeForwardContext* save = nullptr);
+
+  // The gradients of the forward saved in `ctx`, given dy bf16[T, hidden] (T of that forward):
+  // dx bf16[T, hidden] (written), d_topk_weights f32[T, k] (written; 0 for dropped slots) and the
+  // expert weight gradients. Collective like forward: dy travels once to each rank that had the
+  // token (combine's backward is a dispatch), each rank returns one dx row per received row and one
+  // d(weight) per (row, local slot) (dispatch's backward is a combine), and the source sums them in
+  // fixed order in fp32. A bad argument on any rank fails every rank alike.
+  void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
+                const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream = nullptr);
 
   const MoeConfig& config() const;
   const ForwardStats& last_stats() const;

@@ -13,4 +13,17 @@ namespace epmoe {
 void reference_moe(const bf16* x, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens, int top_k,
                    const bf16* w1, const bf16* w2, int num_experts, int hidden, int ffn, float* y);
 
+// The same layer in fp64 on fp64 inputs, with no rounding anywhere: the forward, and its exact
+// gradients given dy (written, not accumulated). For a dropped slot (id -1) d_topk_weights is 0.
+// Per (token t, slot j, expert e, weight s): [g, u] = W1_e x_t, a = silu(g) u, o = W2_e a,
+// y_t += s o; ds = <dy_t, o>, da = s W2_e^T dy_t, dg = da u silu'(g), du = da silu(g),
+// dx_t += W1_e^T [dg, du], dW2_e += s dy_t a^T, dW1_e += [dg, du] x_t^T.
+// The backward is checked against finite differences of the forward (tests/test_backward_reference).
+void reference_moe_f64(const double* x, const int32_t* topk_ids, const double* topk_weights, int64_t num_tokens,
+                       int top_k, const double* w1, const double* w2, int num_experts, int hidden, int ffn, double* y);
+void reference_moe_backward_f64(const double* x, const int32_t* topk_ids, const double* topk_weights,
+                                int64_t num_tokens, int top_k, const double* w1, const double* w2, int num_experts,
+                                int hidden, int ffn, const double* dy, double* dx, double* d_topk_weights, double* dw1,
+                                double* dw2);
+
 }  // namespace epmoe

@@ -170,7 +170,8 @@ void run_case(const EpCase& c, const std::shared_ptr<Communicator>& comm, Expert
     engine->forward(TensorView::contiguous(d_x.get(), DType::bf16, {T, c.hidden}, DeviceType::cuda, dev),
                     TensorView::contiguous(d_ids.get(), DType::i32, {T, c.k}, DeviceType::cuda, dev),
                     TensorView::contiguous(d_w.get(), DType::f32, {T, c.k}, DeviceType::cuda, dev),
-                    TensorView::contiguous(d_y.get(), DType::bf16, {T, c.hidden}, DeviceType::cuda, dev), stream);
+                    TensorView::contiguous(d_y.get(), DType::bf16, {T, c.hidden}, DeviceType::cuda, dev), stream,
+                    nullptr);
     ck(cudaStreamSynchronize(stream), "sync");
 
     const GpuDispatchView v = gpu_dispatch_view(*engine);
