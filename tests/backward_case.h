@@ -4,6 +4,7 @@
 // mock-rank and mpirun suites.
 #pragma once
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "ep_case.h"
@@ -18,6 +19,7 @@ struct BackwardCase {
   DType grad_dtype = DType::f32;  // dw1 / dw2
   std::string name() const;
 };
+inline void PrintTo(const BackwardCase& c, std::ostream* os) { *os << c.name(); }
 
 // Gradient tolerance against the fp64 reference. The CPU engine rounds [g, u] and the activation to
 // bf16 (2^-9 relative each, round to nearest), each destination's dx rows to bf16 and the final dx
