@@ -45,15 +45,12 @@ class CpuEngine final : public MoeLayer::Engine {
     // layout (+ local validation: bad arguments, then bad ids)
     auto t0 = Clock::now();
     protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cpu);
-    protocol::DispatchLayout L;
-    L.world = W;
-    L.top_k = k;
-    L.experts_per_rank = El;
+    protocol::DispatchLayout L = protocol::empty_dispatch_layout(cfg);
     if (status.ok()) {
       L = protocol::dispatch_layout(ids.ptr<int32_t>(), wts.ptr<float>(), x.shape[0], cfg);
       status = L.status;
+      if (!status.ok()) L = protocol::empty_dispatch_layout(cfg);
     }
-    if (!status.ok()) L.send_rows.assign(W, 0);
     stats.layout_ms = ms_since(t0);
 
     // count exchange: statuses travel with the counts, so a bad rank fails every rank alike
@@ -133,13 +130,7 @@ class CpuEngine final : public MoeLayer::Engine {
     const protocol::Status status = validate_backward_args(cfg, ctx, this, T, dy, dx, dwts, grads, DeviceType::cpu);
     // Status exchange: a bad argument on any rank fails every rank alike (the counts are the saved
     // forward's; an erring rank announces zero rows).
-    protocol::DispatchLayout none;
-    none.world = W;
-    none.top_k = k;
-    none.experts_per_rank = El;
-    none.send_rows.assign(W, 0);
-    none.send_pairs.assign(size_t(W) * El, 0);
-    protocol::encode_count_headers(status.ok() ? st->L : none, status, send_hdr_);
+    protocol::encode_count_headers(status.ok() ? st->L : protocol::empty_dispatch_layout(cfg), status, send_hdr_);
     recv_hdr_.resize(send_hdr_.size());
     comm_->alltoall_i64(send_hdr_.data(), recv_hdr_.data(), size_t(protocol::header_words(El)));
     const protocol::ReceivePlan P = protocol::decode_count_headers(recv_hdr_, W, El);  // throws on every rank

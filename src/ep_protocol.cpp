@@ -18,17 +18,23 @@ std::string Status::message() const {
   }
 }
 
-DispatchLayout dispatch_layout(const int32_t* ids, const float* weights, int64_t T, const MoeConfig& cfg) {
-  const int W = cfg.world_size, k = cfg.top_k, El = cfg.experts_per_rank(), E = cfg.num_experts;
-  const int mw = meta_words(k);
+DispatchLayout empty_dispatch_layout(const MoeConfig& cfg) {
+  const int W = cfg.world_size, El = cfg.experts_per_rank();
   DispatchLayout L;
   L.world = W;
-  L.top_k = k;
+  L.top_k = cfg.top_k;
   L.experts_per_rank = El;
-  L.num_tokens = T;
   L.send_rows.assign(W, 0);
   L.send_offsets.assign(W + 1, 0);
   L.send_pairs.assign(size_t(W) * El, 0);
+  return L;
+}
+
+DispatchLayout dispatch_layout(const int32_t* ids, const float* weights, int64_t T, const MoeConfig& cfg) {
+  const int W = cfg.world_size, k = cfg.top_k, El = cfg.experts_per_rank(), E = cfg.num_experts;
+  const int mw = meta_words(k);
+  DispatchLayout L = empty_dispatch_layout(cfg);
+  L.num_tokens = T;
 
   // Pass 1: validate (first bad slot in row-major order wins) and count.
   std::vector<uint64_t> dest_mask(T, 0);

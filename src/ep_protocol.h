@@ -59,6 +59,8 @@ struct DispatchLayout {
   int64_t total_rows() const { return send_offsets.empty() ? 0 : send_offsets.back(); }
 };
 
+// A layout that sends nothing: what a rank with a bad argument announces in the count exchange.
+DispatchLayout empty_dispatch_layout(const MoeConfig& cfg);
 // Checks ids (in [-1, E), no expert twice per token) and builds the layout.
 DispatchLayout dispatch_layout(const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
                                const MoeConfig& cfg);

@@ -442,15 +442,8 @@ int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, cons
     kernels::count_headers_launch(d_status_, d_send_rows_, d_send_pairs_, d_error_, W, El, d_hdr_send_, s);
   } else {
     // A bad argument travels as this rank's status with zero rows (the message text included).
-    protocol::DispatchLayout L;
-    L.world = W;
-    L.top_k = k;
-    L.experts_per_rank = El;
-    L.send_rows.assign(W, 0);
-    L.send_offsets.assign(W + 1, 0);
-    L.send_pairs.assign(size_t(W) * El, 0);
     std::vector<int64_t> h;
-    protocol::encode_count_headers(L, status, h);
+    protocol::encode_count_headers(protocol::empty_dispatch_layout(cfg), status, h);
     std::memcpy(h_hdr_up_, h.data(), h.size() * sizeof(int64_t));
     EPMOE_CUDA_CHECK(cudaMemcpyAsync(d_hdr_send_, h_hdr_up_, h.size() * sizeof(int64_t), cudaMemcpyHostToDevice, s));
   }

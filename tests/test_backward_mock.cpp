@@ -22,16 +22,8 @@ BackwardCase bcase(int world, int E, int k, int hidden, int ffn, int64_t T, RK r
 }
 
 void run_on_mock_ranks(const BackwardCase& c) {
-  auto errors = run_mock_ranks(c.ep.world,
-                               [&](int, std::shared_ptr<Communicator> comm) { run_backward_case_cpu(c, comm); });
-  for (int r = 0; r < c.ep.world; ++r) {
-    if (!errors[r]) continue;
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << c.name() << ": rank " << r << " threw: " << e.what();
-    }
-  }
+  auto run = [&](int, std::shared_ptr<Communicator> comm) { run_backward_case_cpu(c, comm); };
+  report_rank_errors(run_mock_ranks(c.ep.world, run), c.name());
 }
 
 class BackwardMock : public ::testing::TestWithParam<BackwardCase> {};

@@ -15,15 +15,8 @@ EpCase make_case(int world, int E, int k, int hidden, int ffn, int64_t T, RK rou
 }
 
 void run_on_mock_ranks(const EpCase& c) {
-  auto errors = run_mock_ranks(c.world, [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); });
-  for (int r = 0; r < c.world; ++r) {
-    if (!errors[r]) continue;
-    try {
-      std::rethrow_exception(errors[r]);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << c.name() << ": rank " << r << " threw: " << e.what();
-    }
-  }
+  auto run = [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); };
+  report_rank_errors(run_mock_ranks(c.world, run), c.name());
 }
 
 class EpMock : public ::testing::TestWithParam<EpCase> {};

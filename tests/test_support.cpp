@@ -155,4 +155,15 @@ void expect_close_to_reference(const bf16* y, const float* ref, int64_t T, int h
   EXPECT_TRUE(close_to_reference(y, ref, T, hidden, tol));
 }
 
+void report_rank_errors(const std::vector<std::exception_ptr>& errors, const std::string& what) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": rank " << r << " threw: " << e.what();
+    }
+  }
+}
+
 }  // namespace epmoe::test

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct Routing {
   std::vector<float> weights; // [T, k], rows sum to 1 over kept slots
 };
 Routing make_routing(int64_t T, int E, int k, RoutingKind kind, uint64_t seed, int focus = 0, int world = 1);
+
+// One gtest failure per mock rank that threw (run_mock_ranks' results), naming `what` and the rank.
+void report_rank_errors(const std::vector<std::exception_ptr>& errors, const std::string& what);
 
 // All experts' weights, deterministic from a seed; scaled so activations and outputs are O(1).
 struct ModelWeights {

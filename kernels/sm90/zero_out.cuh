@@ -1,5 +1,5 @@
 // The UP kernels' in-kernel zeroing of out (ExpertProblem::zero_out), shared by the 128-row UP
-// (sm90_up_kernel.cu) and the 192-row one (sm90_up_tall_kernel.cu).
+// (up_kernel.cu) and the pair UP (up_pair_kernel.cu).
 #pragma once
 #include <cuda_bf16.h>
 
