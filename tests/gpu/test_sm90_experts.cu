@@ -97,7 +97,7 @@ TEST(Sm90Experts, GatherRowsBitExact) {
 // every 2^-7 plus large magnitudes. Bound: |x| 2^-14 + 2^-24 absolute (an absolute bound: for x << 0
 // the result is h (1 + tanh(h)), a difference of nearly equal numbers). The PTX ISA promises
 // tanh.approx.f32 to about 2^-11, i.e. |x| 2^-12 here; the H200 measured |x| 2^-18 at worst (0.007 of
-// |x| 2^-11, S11-4), so 2^-14 keeps a factor 16 of margin and still fails a regression to the
+// |x| 2^-11), so 2^-14 keeps a factor 16 of margin and still fails a regression to the
 // documented 2^-11. For x > 0 it is under 2^-13 of silu(x) >= x/2, far inside the bf16 rounding act
 // gets anyway.
 TEST(Sm90Experts, SiluAccuracy) {
