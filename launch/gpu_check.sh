@@ -11,25 +11,30 @@
 #   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down*:
 #                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
 #   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
-#                  and test_layout_gpu; memcheck on test_forward_gpu (all but the past-2^31 case)
+#                  and test_layout_gpu, and on test_backward_gpu's small cases; memcheck on
+#                  test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
+#   bench_train    mpirun -np 1 epmoe_bench_train (fwd, fwd+save, fwd+bwd, bwd per save policy) +
+#                  launch/train_baseline.py (torch autograd) + launch/compare_train.py
 #   ncu            (only when named in GPU_CHECK_STAGES, not in "all") launch/ncu_compare.sh: Nsight
 #                  Compute counters per MAC of our UP/DOWN beside cuBLAS's dense GEMMs of the shapes
 #                  in GPU_CHECK_NCU_SHAPES (default 16k and 7168/T=2k); the table goes to summary.txt
 #
 # Environment:
 #   GPU_CHECK_STAGES=cpu,gpu,...   run these stages only (default all; the build always runs unless
-#                                  the list holds "nobuild"; "bench" = both bench stages)
-#   GPU_CHECK_QUICK=1              shorter benches (EP: --shapes default instead of all)
+#                                  the list holds "nobuild"; "bench" = every bench_* stage)
+#   GPU_CHECK_QUICK=1              shorter benches (EP: --shapes default instead of all; train:
+#                                  150 ms per phase and 200 ms warm-up instead of 400 and 500)
 #   GPU_CHECK_BUDGET_S=580         the whole run's time budget; stages are cut to fit it (a device call
 #                                  allows 600 s; at 560 a full check once cut bench_ep after 532 s of
 #                                  the other stages, and bench_ep alone takes ~46 s)
 #   GPU_CHECK_EXPERTS_SHAPES=full  --shapes for epmoe_bench_experts and baseline_moe.py
 #
 # $OUT gets at most 8 files: build.log, summary.txt, logs.tar.gz (every stage's log, the SASS
-# excerpt, the compare tables) and the bench JSONs (bench_experts, baseline_moe, bench_ep,
-# ep_baseline).
+# excerpt, the compare tables, the training bench's own JSONs and speedup plot) and the bench JSONs
+# (bench_experts, baseline_moe, bench_ep, ep_baseline, and train_compare: ours and torch's training
+# rows joined, both inputs in full; bench_train.json instead when there is nothing to compare).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -260,6 +265,10 @@ stage_sanitizer() {
   local rc=0 left=$(( STAGE_DEADLINE - SECONDS ))
   sanitize_one test_sm90_experts '*Small*' $(( left * 3 / 10 )) memcheck,racecheck || rc=1
   sanitize_one test_layout_gpu '*' $(( left / 10 )) memcheck,racecheck || rc=1
+  # the backward's kernels: the sm_90 wgrad kernel (h/f 256 cases), the SwiGLU backward, the row-pair
+  # map and reduce, the weight-gradient scatter; T = 0 / 1 and nothing routed
+  sanitize_one test_backward_gpu '*h256_f256_w1_uniform_sm90*:*T1:*T0:*all_dropped*' $(( left / 5 )) \
+    memcheck,racecheck --report-api-errors no || rc=1
   sanitize_one test_forward_gpu '-*Past32BitOffsets*' $(( STAGE_DEADLINE - SECONDS )) memcheck \
     --report-api-errors no || rc=1
   KEY_FIG="${SAN_FIGS%; }"
@@ -315,6 +324,37 @@ stage_bench_ep() {
   (( rc == 0 && rcb == 0 && rcc == 0 ))
 }
 
+# One rank: the torch baseline is one GPU. launch/train_baseline.py is our copy of
+# ../shared/baselines/train_baseline.py (../shared does not travel to the device machine).
+stage_bench_train() {
+  local bin=$BUILD/src/programs/epmoe_bench_train rc=0 rcb=0 rcc=0 budget=400 warm=500 rev
+  [[ $QUICK == 1 ]] && { budget=150; warm=200; }
+  rev=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
+  [[ $rev != unknown && -n $(git status --porcelain --untracked-files=no 2> /dev/null) ]] && rev+="-dirty"
+  rm -f "$OUT/train_compare.json" "$OUT/bench_train.json"
+  if [[ -x $bin ]]; then
+    tmo --max $(( (STAGE_DEADLINE - SECONDS) / 2 )) mpirun -np 1 --oversubscribe --allow-run-as-root --bind-to none \
+      -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH -x PATH \
+      "$bin" --budget-ms "$budget" --warmup-ms "$warm" --commit "$rev" --json "$LOGS/bench_train.json" \
+      > "$LOGS/bench_train_table.txt" || rc=$?
+    cat "$LOGS/bench_train_table.txt"
+  else
+    echo "missing $bin"; rc=1
+  fi
+  tmo --max $(( STAGE_DEADLINE - SECONDS - 15 )) python3 launch/train_baseline.py --json "$LOGS/train_baseline.json" || rcb=$?
+  if [[ -f $LOGS/bench_train.json && -f $LOGS/train_baseline.json ]]; then
+    tmo python3 launch/compare_train.py "$LOGS/bench_train.json" "$LOGS/train_baseline.json" \
+      --json "$OUT/train_compare.json" --png "$LOGS/train_speedup.png" > "$LOGS/compare_train.txt" 2>&1 || rcc=$?
+    cat "$LOGS/compare_train.txt"
+    KEY_FIG=$(grep -E "^geomean" "$LOGS/compare_train.txt" | tail -1 || true)
+  else
+    rcc=1
+  fi
+  if [[ ! -f $OUT/train_compare.json && -f $LOGS/bench_train.json ]]; then cp "$LOGS/bench_train.json" "$OUT/"; fi
+  KEY_FIG="${KEY_FIG:-no comparison} [bench rc $rc, baseline rc $rcb, compare rc $rcc]"
+  (( rc == 0 && rcb == 0 && rcc == 0 ))
+}
+
 stage_ncu() {
   local shapes=${GPU_CHECK_NCU_SHAPES:-32,4,2048,1024,16384 32,8,7168,2048,2048} rc=0
   # shellcheck disable=SC2086  # the shapes are words
@@ -340,10 +380,11 @@ finish() {
     done
   } > "$OUT/summary.txt.head"
   {
-    for f in compare_experts compare_ep; do
+    for f in compare_experts compare_ep compare_train; do
       [[ -f $LOGS/$f.txt ]] && { echo; echo "## $f"; cat "$LOGS/$f.txt"; }
     done
     [[ -f $LOGS/bench_ep_table.txt ]] && { echo; echo "## epmoe_bench_ep"; cat "$LOGS/bench_ep_table.txt"; }
+    [[ -f $LOGS/bench_train_table.txt ]] && { echo; echo "## epmoe_bench_train"; cat "$LOGS/bench_train_table.txt"; }
     [[ -f $LOGS/ncu_table.txt ]] && { echo; echo "## ncu_compare"; cat "$LOGS/ncu_table.txt"; }
     if [[ -f $LOGS/sass.log ]]; then echo; echo "## SASS (sm90 up/down kernels)"; sed -n '/HGMMA  LDL/,$p' "$LOGS/sass.log" | head -20; fi
     echo
@@ -378,6 +419,7 @@ run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_ep 180 stage_bench_ep
+run_stage bench_train 240 stage_bench_train
 run_stage ncu 300 stage_ncu
 
 overall=0

@@ -20,16 +20,12 @@
 // previous forward) has drained, so freeing the old memory is safe.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <utility>
 
-#include "engine.h"
-#include "gpu_engine.h"
-#include "kernels/cuda_check.cuh"
+#include "gpu_engine_impl.cuh"
 #include "kernels/ep/combine_reduce.cuh"
 #include "kernels/ep/dispatch_layout.cuh"
 #include "kernels/ep/expert_layout.cuh"
@@ -39,334 +35,188 @@
 #include "kernels/fallback/gather_rows.cuh"
 #include "kernels/sm90/experts.cuh"
 
-namespace epmoe {
-
-namespace {
+namespace epmoe::gpu {
 
 static_assert(sizeof(bf16) == sizeof(__nv_bfloat16));
 
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    EPMOE_CUDA_CHECK(cudaGetDevice(&prev_));
-    if (prev_ == device) prev_ = -1;
-    else EPMOE_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceGuard() {
-    if (prev_ >= 0) cudaSetDevice(prev_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int prev_ = -1;
-};
-
-// Sets the communicator's stream for the scope and puts the previous one back after (also when the
-// forward throws): the caller's stream is only known to be alive during the forward, and the
-// communicator outlives it (a shared one is used by other layers, and by MoeLayer's constructor,
-// whose agreement collective orders itself after the communicator's stream). Left set, a stream the
-// caller destroys after the forward would dangle there, and the next collective fail on it
-// (cudaErrorContextIsDestroyed).
-class CommStreamScope {
- public:
-  CommStreamScope(Communicator& comm, cudaStream_t s) : comm_(comm), prev_(comm.stream()) { comm_.set_stream(s); }
-  ~CommStreamScope() { comm_.set_stream(prev_); }
-  CommStreamScope(const CommStreamScope&) = delete;
-  CommStreamScope& operator=(const CommStreamScope&) = delete;
-
- private:
-  Communicator& comm_;
-  void* prev_;
-};
-
-class NvtxRange {
- public:
-  explicit NvtxRange(const char* name) { nvtxRangePushA(name); }
-  ~NvtxRange() { nvtxRangePop(); }
-  NvtxRange(const NvtxRange&) = delete;
-  NvtxRange& operator=(const NvtxRange&) = delete;
-};
-
-// Grow-only device allocation; never null once sized (256 bytes at least), so empty buffers can
-// still be passed where a pointer is required. The caller guarantees that no queued work still
-// uses the old memory when it grows.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { release(); }
-
-  bool fits(size_t bytes) const { return ptr_ != nullptr && std::max<size_t>(bytes, 256) <= bytes_; }
-  void ensure(size_t bytes) {
-    if (fits(bytes)) return;
-    // 25% headroom so slowly growing counts do not reallocate every call.
-    size_t grown = std::max<size_t>(std::max<size_t>(bytes, 256), bytes_ + bytes_ / 4);
-    grown = (grown + 4095) / 4096 * 4096;
-    release();
-    EPMOE_CUDA_CHECK(cudaMalloc(&ptr_, grown));
-    bytes_ = grown;
-  }
-  void release() noexcept {
-    if (ptr_) cudaFree(ptr_);
-    ptr_ = nullptr;
-    bytes_ = 0;
-  }
-  template <class T>
-  T* as() const { return static_cast<T*>(ptr_); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-template <class T>
-T* pinned_alloc(size_t count) {
-  void* p = nullptr;
-  EPMOE_CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(count, 1) * sizeof(T)));
-  return static_cast<T*>(p);
-}
-
-enum Phase { kStart, kLayoutEnd, kExchangeEnd, kDispatchStart, kDispatchEnd, kExpertsEnd, kCombineEnd, kReduceEnd, kPhases };
-
-class GpuEngine final : public MoeLayer::Engine {
- public:
-  GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm, const LayerOptions& opt)
-      : comm_(std::move(comm)), opt_(opt) {
-    cfg = c;
-    EPMOE_CHECK(comm_ != nullptr, ErrorCode::invalid_argument, "the GPU engine needs a communicator");
-    EPMOE_CHECK(comm_->memory_space() == MemorySpace::device, ErrorCode::invalid_argument,
-                "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
-    cfg.validate();
-    validate_weights(cfg, w, DeviceType::cuda);
-    EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
-                w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
-    EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
-                ErrorCode::invalid_argument, "w1 and w2 must be 16-byte aligned");
-    device_ = w.w1.device_index;
-    w1_ = w.w1.ptr<__nv_bfloat16>();
-    w2_ = w.w2.ptr<__nv_bfloat16>();
-    DeviceGuard guard(device_);
-
-    switch (opt.expert_path) {
-      case ExpertPath::automatic:
-        path = kernels::sm90_experts_supported(device_) ? ExpertPath::sm90 : ExpertPath::cublas;
-        break;
-      case ExpertPath::sm90:
-        EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
-                    "expert_path sm90 needs a compute capability 9.0 GPU and a build with sm_90a code (device ",
-                    device_, ")");
-        path = ExpertPath::sm90;
-        break;
-      case ExpertPath::cublas: path = ExpertPath::cublas; break;
-      case ExpertPath::cpu:
-        EPMOE_FAIL(ErrorCode::invalid_argument, "expert_path cpu needs cpu weights; these are on cuda:", device_);
-    }
-    if (path == ExpertPath::sm90) sm90_device_ = kernels::sm90_device(device_);
-
-    const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
-    try {
-      EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
-      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_done_, cudaEventDisableTiming));
-      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
-      EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_zeroed_, cudaEventDisableTiming));
-      for (cudaEvent_t& e : ev_phase_) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
-      if (path == ExpertPath::cublas) {
-        EPMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
-        kernels::cublas_pointer_arrays_create(cublas_ptrs_, El);
-      }
-      // Fixed-size device words, one allocation, each array 256-byte aligned:
-      //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
-      //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
-      //   expert_off[El+1] + expert_cnt[El] (adjacent: one upload)   error[1] (int32, sticky)
-      const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1};
-      auto padded = [](size_t words) { return (words + 31) / 32 * 32; };
-      size_t words = 0;
-      for (size_t n : sizes) words += padded(n);
-      fixed_.ensure(words * sizeof(int64_t));
-      EPMOE_CUDA_CHECK(cudaMemset(fixed_.as<void>(), 0, fixed_.bytes()));
-      int64_t* p = fixed_.as<int64_t>();
-      auto take = [&](size_t n) {
-        int64_t* q = p;
-        p += padded(n);
-        return q;
-      };
-      d_status_ = take(sizes[0]);
-      d_send_rows_ = take(sizes[1]);
-      d_send_offsets_ = take(sizes[2]);
-      d_send_pairs_ = take(sizes[3]);
-      d_hdr_send_ = take(sizes[4]);
-      d_hdr_recv_ = d_hdr_send_ + size_t(W) * hw;
-      d_expert_off_ = take(sizes[5]);
-      d_expert_cnt_ = d_expert_off_ + El + 1;
-      d_error_ = reinterpret_cast<int32_t*>(take(sizes[6]));
-      h_hdr_ = pinned_alloc<int64_t>(2 * size_t(W) * hw);
-      h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
-      h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
-    } catch (...) {
-      destroy();
-      throw;
-    }
-  }
-
-  ~GpuEngine() override { destroy(); }
-
-  void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-               void* stream, MoeForwardContext* save) override;
-  // Not built yet on the GPU engine (issue 45): every rank of a GPU layer raises the same error
-  // before any collective, so none waits.
-  void backward(const MoeForwardContext&, const TensorView&, const TensorView&, const TensorView&,
-                const ExpertGradients&, void*) override {
-    EPMOE_FAIL(ErrorCode::unsupported, "backward is not built on the GPU engine yet (cpu weights run it)");
-  }
-
-  GpuDispatchView dispatch_view() const {
-    GpuDispatchView v;
-    v.recv_x = recv_x_.as<void>();
-    v.recv_meta = recv_meta_.as<int32_t>();
-    v.recv_rows = last_recv_rows_;
-    v.rows_per_rank = last_rows_per_rank_;
-    v.hidden = cfg.hidden;
-    v.meta_words = protocol::meta_words(cfg.top_k);
-    return v;
-  }
-
- private:
-  void destroy() noexcept {
-    int prev = -1;
-    if (cudaGetDevice(&prev) == cudaSuccess && prev != device_) cudaSetDevice(device_);
-    // Nothing of ours may still run when the memory goes.
-    if (ev_done_) cudaEventSynchronize(ev_done_);
-    if (side_) cudaStreamSynchronize(side_);
-    for (DeviceBuffer* b : {&fixed_, &token_row_, &send_meta_, &send_token_, &layout_ws_, &send_x_, &recv_x_,
-                            &recv_meta_, &combine_, &xs_, &act_, &pair_row_, &pair_weight_, &expert_ws_,
-                            &cublas_ws_})
-      b->release();
-    kernels::cublas_pointer_arrays_destroy(cublas_ptrs_);
-    if (cublas_) cublasDestroy(cublas_);
-    for (int64_t* h : {h_hdr_, h_hdr_up_, h_expert_})
-      if (h) cudaFreeHost(h);
-    for (cudaEvent_t e : {ev_done_, ev_fork_, ev_zeroed_})
-      if (e) cudaEventDestroy(e);
-    for (cudaEvent_t e : ev_phase_)
-      if (e) cudaEventDestroy(e);
-    if (side_) cudaStreamDestroy(side_);
-    cublas_ = nullptr;
-    h_hdr_ = h_hdr_up_ = h_expert_ = nullptr;
-    ev_done_ = ev_fork_ = ev_zeroed_ = nullptr;
-    ev_phase_ = {};
-    side_ = nullptr;
-    if (prev >= 0 && prev != device_) cudaSetDevice(prev);
-  }
-
-  // Arguments on another device than the weights fail like any bad argument (in the exchange).
-  protocol::Status check_devices(const TensorView& x, const TensorView& ids, const TensorView& wts,
-                                 const TensorView& y) const {
-    protocol::Status s;
-    const std::pair<const TensorView*, const char*> args[] = {
-        {&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}};
-    for (const auto& [t, name] : args) {
-      if (t->device_index != device_) {
-        s.code = ErrorCode::invalid_argument;
-        s.text = detail::concat(name, " is on cuda:", t->device_index, " but the layer's weights are on cuda:", device_);
-        return s;
-      }
-    }
-    return s;
-  }
-
-  // What one forward's phases hand each other.
-  struct Forward {
-    int64_t T = 0;                  // tokens of this rank (0 after a bad argument)
-    protocol::ReceivePlan plan;     // rows and pairs received from each rank (the count exchange)
-    std::vector<int64_t> send_rows; // [world] rows sent to each rank
-    int64_t S = 0, R = 0, P = 0;    // rows sent, rows received, padded expert rows
-  };
-  // The forward's phases on `s` (the file header lists them); forward() wraps them for the ordering
-  // with other forwards.
-  void run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, cudaStream_t s);
-  int64_t route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                       cudaStream_t s);
-  void exchange_counts(Forward& f, cudaStream_t s);
-  void dispatch(const TensorView& x, const Forward& f, cudaStream_t s);
-  void run_experts(const Forward& f, cudaStream_t s);
-  void combine(const Forward& f, cudaStream_t s);
-  void source_reduce(const Forward& f, const TensorView& y, cudaStream_t s);
-
-  void record(Phase ph, cudaStream_t s) {
-    if (opt_.record_phase_times) EPMOE_CUDA_CHECK(cudaEventRecord(ev_phase_[ph], s));
-  }
-  double elapsed(Phase a, Phase b) const {
-    float ms = 0;
-    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_phase_[a], ev_phase_[b]));
-    return ms;
-  }
-
-  std::shared_ptr<Communicator> comm_;
-  LayerOptions opt_;
-  int device_ = 0;
-  const __nv_bfloat16* w1_ = nullptr;
-  const __nv_bfloat16* w2_ = nullptr;
-
-  cudaStream_t side_ = nullptr;
-  cudaEvent_t ev_done_ = nullptr, ev_fork_ = nullptr, ev_zeroed_ = nullptr;
-  std::array<cudaEvent_t, kPhases> ev_phase_{};
-  cublasHandle_t cublas_ = nullptr;
-  kernels::CublasPointerArrays cublas_ptrs_;
-
-  DeviceBuffer fixed_;
-  int64_t *d_status_ = nullptr, *d_send_rows_ = nullptr, *d_send_offsets_ = nullptr, *d_send_pairs_ = nullptr;
-  int64_t *d_hdr_send_ = nullptr, *d_hdr_recv_ = nullptr, *d_expert_off_ = nullptr, *d_expert_cnt_ = nullptr;
-  kernels::Sm90Device sm90_device_;  // (sm90 path) what the plan heuristics read of the device
-  int32_t* d_error_ = nullptr;  // sticky expert-layout inconsistency flag, folded into the headers
-  int64_t* h_hdr_ = nullptr;     // pinned [2, W, hw]: my send headers, then the received ones
-  int64_t* h_hdr_up_ = nullptr;  // pinned [W, hw]: host-built headers (bad arguments)
-  int64_t* h_expert_ = nullptr;  // pinned [2*El + 1]: padded offsets, then counts
-
-  // token-sized
-  DeviceBuffer token_row_, send_meta_, send_token_, layout_ws_;
-  // count-sized (send_x_ also receives the combine: the dispatch is done with it by then)
-  DeviceBuffer send_x_, recv_x_, recv_meta_, combine_, xs_, act_, pair_row_, pair_weight_, expert_ws_, cublas_ws_;
-
-  std::vector<int64_t> recv_hdr_;
-  int64_t last_recv_rows_ = 0;
-  std::vector<int64_t> last_rows_per_rank_;
-};
-
-void GpuEngine::forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                        void* stream, MoeForwardContext* save) {
-  EPMOE_CHECK(save == nullptr, ErrorCode::unsupported,
-              "forward(..., save) for backward is not built on the GPU engine yet (cpu weights run it)");
+GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm,
+                     const LayerOptions& opt)
+    : comm_(std::move(comm)), opt_(opt) {
+  cfg = c;
+  EPMOE_CHECK(comm_ != nullptr, ErrorCode::invalid_argument, "the GPU engine needs a communicator");
+  EPMOE_CHECK(comm_->memory_space() == MemorySpace::device, ErrorCode::invalid_argument,
+              "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
+  cfg.validate();
+  validate_weights(cfg, w, DeviceType::cuda);
+  EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
+              w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
+  EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
+              ErrorCode::invalid_argument, "w1 and w2 must be 16-byte aligned");
+  device_ = w.w1.device_index;
+  w1_ = w.w1.ptr<__nv_bfloat16>();
+  w2_ = w.w2.ptr<__nv_bfloat16>();
   DeviceGuard guard(device_);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  // After the previous forward (whatever stream it ran on): the buffers are shared.
-  EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_done_, 0));
-  CommStreamScope comm_stream(*comm_, s);  // the collectives of run() order themselves on `s`
+
+  switch (opt.expert_path) {
+    case ExpertPath::automatic:
+      path = kernels::sm90_experts_supported(device_) ? ExpertPath::sm90 : ExpertPath::cublas;
+      break;
+    case ExpertPath::sm90:
+      EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
+                  "expert_path sm90 needs a compute capability 9.0 GPU and a build with sm_90a code (device ",
+                  device_, ")");
+      path = ExpertPath::sm90;
+      break;
+    case ExpertPath::cublas: path = ExpertPath::cublas; break;
+    case ExpertPath::cpu:
+      EPMOE_FAIL(ErrorCode::invalid_argument, "expert_path cpu needs cpu weights; these are on cuda:", device_);
+  }
+  if (path == ExpertPath::sm90) sm90_device_ = kernels::sm90_device(device_);
+
+  const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
   try {
-    run(x, ids, wts, y, s);
+    EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_done_, cudaEventDisableTiming));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_zeroed_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : ev_phase_) EPMOE_CUDA_CHECK(cudaEventCreate(&e));
+    // cuBLAS: the fallback path's GEMMs and the backward's; 3 pointers per expert for each of the
+    // five grouped GEMMs one call runs at most (the backward's recompute, da, dx, dW2, dW1).
+    EPMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+    kernels::cublas_pointer_arrays_create(cublas_ptrs_, 15 * int64_t(El));
+    pool_ = std::make_shared<MemoryPool>(device_);  // the saved contexts' memory
+    // Fixed-size device words, one allocation, each array 256-byte aligned:
+    //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
+    //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
+    //   expert_off[El+1] + expert_cnt[El] (adjacent: one upload)   error[1] (int32, sticky)
+    const size_t sizes[] = {4, size_t(W), size_t(W) + 1, size_t(W) * El, 2 * size_t(W) * hw, 2 * size_t(El) + 1, 1};
+    auto padded = [](size_t words) { return (words + 31) / 32 * 32; };
+    size_t words = 0;
+    for (size_t n : sizes) words += padded(n);
+    fixed_.ensure(words * sizeof(int64_t));
+    EPMOE_CUDA_CHECK(cudaMemset(fixed_.as<void>(), 0, fixed_.bytes()));
+    int64_t* p = fixed_.as<int64_t>();
+    auto take = [&](size_t n) {
+      int64_t* q = p;
+      p += padded(n);
+      return q;
+    };
+    d_status_ = take(sizes[0]);
+    d_send_rows_ = take(sizes[1]);
+    d_send_offsets_ = take(sizes[2]);
+    d_send_pairs_ = take(sizes[3]);
+    d_hdr_send_ = take(sizes[4]);
+    d_hdr_recv_ = d_hdr_send_ + size_t(W) * hw;
+    d_expert_off_ = take(sizes[5]);
+    d_expert_cnt_ = d_expert_off_ + El + 1;
+    d_error_ = reinterpret_cast<int32_t*>(take(sizes[6]));
+    h_hdr_ = pinned_alloc<int64_t>(2 * size_t(W) * hw);
+    h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
+    h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
   } catch (...) {
-    // Work of this forward may still be queued (on `s`, and the zeroing on the side stream): the
-    // end event must cover it, or the next forward could free memory it still uses.
-    cudaStreamWaitEvent(s, ev_zeroed_, 0);
-    cudaEventRecord(ev_done_, s);
+    destroy();
     throw;
   }
 }
 
+void GpuEngine::destroy() noexcept {
+  int prev = -1;
+  if (cudaGetDevice(&prev) == cudaSuccess && prev != device_) cudaSetDevice(device_);
+  // Nothing of ours may still run when the memory goes.
+  if (ev_done_) cudaEventSynchronize(ev_done_);
+  if (side_) cudaStreamSynchronize(side_);
+  for (DeviceBuffer* b : {&fixed_, &token_row_, &send_meta_, &send_token_, &layout_ws_, &send_x_, &recv_x_,
+                          &recv_meta_, &combine_, &xs_, &act_, &pair_row_, &pair_weight_, &expert_ws_,
+                          &cublas_ws_, &b_dys_, &b_da_, &b_dh_, &b_act_s_, &b_dxp_, &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_})
+    b->release();
+  kernels::cublas_pointer_arrays_destroy(cublas_ptrs_);
+  if (cublas_) cublasDestroy(cublas_);
+  pool_.reset();  // (contexts still saved hold it on)
+  for (int64_t* h : {h_hdr_, h_hdr_up_, h_expert_})
+    if (h) cudaFreeHost(h);
+  for (cudaEvent_t e : {ev_done_, ev_fork_, ev_zeroed_})
+    if (e) cudaEventDestroy(e);
+  for (cudaEvent_t e : ev_phase_)
+    if (e) cudaEventDestroy(e);
+  if (side_) cudaStreamDestroy(side_);
+  cublas_ = nullptr;
+  h_hdr_ = h_hdr_up_ = h_expert_ = nullptr;
+  ev_done_ = ev_fork_ = ev_zeroed_ = nullptr;
+  ev_phase_ = {};
+  side_ = nullptr;
+  if (prev >= 0 && prev != device_) cudaSetDevice(prev);
+}
+
+
+protocol::Status GpuEngine::check_devices(
+    std::initializer_list<std::pair<const TensorView*, const char*>> args) const {
+  protocol::Status s;
+  for (const auto& [t, name] : args) {
+    if (t->numel() > 0 && t->device_index != device_) {
+      s.code = ErrorCode::invalid_argument;
+      s.text = detail::concat(name, " is on cuda:", t->device_index, " but the layer's weights are on cuda:", device_);
+      return s;
+    }
+  }
+  return s;
+}
+
+GpuDispatchView GpuEngine::dispatch_view() const {
+  GpuDispatchView v;
+  v.recv_x = recv_x_.as<void>();
+  v.recv_meta = recv_meta_.as<int32_t>();
+  v.recv_rows = last_recv_rows_;
+  v.rows_per_rank = last_rows_per_rank_;
+  v.hidden = cfg.hidden;
+  v.meta_words = protocol::meta_words(cfg.top_k);
+  return v;
+}
+
+void GpuEngine::forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+                        void* stream, MoeForwardContext* save) {
+  DeviceGuard guard(device_);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // After the previous forward or backward (whatever stream it ran on): the buffers are shared.
+  EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_done_, 0));
+  CommStreamScope comm_stream(*comm_, s);  // the collectives of run() order themselves on `s`
+  std::unique_ptr<GpuSaved> saved;
+  if (save != nullptr) {
+    saved = std::make_unique<GpuSaved>();
+    saved->device = device_;
+    EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&saved->last_use, cudaEventDisableTiming));
+  }
+  try {
+    run(x, ids, wts, y, s, saved.get());
+  } catch (...) {
+    // Work of this forward may still be queued (on `s`, and the zeroing on the side stream): the
+    // end event must cover it, or the next forward could free memory it still uses (and so must
+    // the half-saved state's, which frees its buffers after it).
+    cudaStreamWaitEvent(s, ev_zeroed_, 0);
+    cudaEventRecord(ev_done_, s);
+    if (saved) cudaEventRecord(saved->last_use, s);
+    throw;
+  }
+  if (saved) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(saved->last_use, s));
+    save->state = std::move(saved);
+  }
+}
+
 void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                    cudaStream_t s) {
+                    cudaStream_t s, GpuSaved* save) {
   stats = ForwardStats{};
   last_recv_rows_ = 0;
   last_rows_per_rank_.assign(cfg.world_size, 0);
   Forward f;
+  f.save = save;
   f.T = route_tokens(x, ids, wts, y, s);
   exchange_counts(f, s);
+  if (save) begin_save(f, *save, s);
   dispatch(x, f, s);
   run_experts(f, s);
   combine(f, s);
   source_reduce(f, y, s);
+  if (save) finish_save(f, ids, *save, s);
   EPMOE_CUDA_CHECK(cudaEventRecord(ev_done_, s));
 
   if (opt_.record_phase_times) {
@@ -389,7 +239,7 @@ int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, cons
   const int W = cfg.world_size, El = cfg.experts_per_rank(), k = cfg.top_k;
   const size_t meta_bytes = size_t(protocol::meta_words(k)) * sizeof(int32_t);
   protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
-  if (status.ok()) status = check_devices(x, ids, wts, y);
+  if (status.ok()) status = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
     status.code = ErrorCode::unsupported;
     status.text = detail::concat("T = ", x.shape[0], " tokens x max(top_k, world) = ", std::max(k, W),
@@ -461,6 +311,7 @@ void GpuEngine::exchange_counts(Forward& f, cudaStream_t s) {
   EPMOE_CUDA_CHECK(cudaMemcpyAsync(h_hdr_, d_hdr_send_, 2 * size_t(W) * hw * sizeof(int64_t), cudaMemcpyDeviceToHost, s));
   record(kExchangeEnd, s);
   comm_->host_wait(s, "count exchange");
+  cublas_ptrs_.used = 0;  // the previous call's pointer uploads have run (the wait drained them)
   recv_hdr_.assign(h_hdr_ + size_t(W) * hw, h_hdr_ + 2 * size_t(W) * hw);
   f.plan = protocol::decode_count_headers(recv_hdr_, W, El);  // throws the same error on every rank
   f.send_rows.assign(W, 0);
@@ -545,6 +396,7 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
   const int El = cfg.experts_per_rank();
   const int64_t R = f.R, P = f.P;
   const kernels::ExpertLayoutView layout{d_expert_off_, pair_row_.as<int32_t>(), pair_weight_.as<float>(), P};
+  const bool saving_h = f.save != nullptr && f.save->policy == SavePolicy::rows_and_preactivation;
   if (P > 0) {
     EPMOE_CUDA_CHECK(
         cudaMemcpyAsync(d_expert_off_, h_expert_, (2 * size_t(El) + 1) * sizeof(int64_t), cudaMemcpyHostToDevice, s));
@@ -561,7 +413,7 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
     a.workspace = expert_ws_.as<void>();
     a.workspace_bytes = expert_ws_.bytes();
     kernels::expert_layout_launch(a, s);
-    if (path == ExpertPath::cublas)
+    if (path == ExpertPath::cublas && !saving_h)  // (saving h, they go where the state keeps them)
       kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), R, cfg.hidden, pair_row_.as<int32_t>(),
                                   d_expert_off_ + El, P, xs_.as<__nv_bfloat16>(), s);
   }
@@ -570,7 +422,9 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
     const kernels::ExpertWeightsView w{w1_, w2_, El, cfg.hidden, cfg.ffn};
     kernels::ExpertProblem prob = kernels::make_expert_problem(w, recv_x_.as<__nv_bfloat16>(), R, layout,
                                                                act_.as<__nv_bfloat16>(), combine_.as<__nv_bfloat16>(), R);
-    if (path == ExpertPath::sm90) {
+    if (saving_h) {
+      run_experts_saving_h(f, prob, s);
+    } else if (path == ExpertPath::sm90) {
       // The override was checked against this shape at construction, so resolving cannot fail here
       // on one rank alone.
       const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
@@ -602,15 +456,17 @@ void GpuEngine::source_reduce(const Forward& f, const TensorView& y, cudaStream_
   record(kReduceEnd, s);
 }
 
-}  // namespace
+}  // namespace epmoe::gpu
+
+namespace epmoe {
 
 std::unique_ptr<MoeLayer::Engine> make_gpu_engine(const MoeConfig& cfg, const ExpertWeights& w,
                                                   std::shared_ptr<Communicator> comm, const LayerOptions& opt) {
-  return std::make_unique<GpuEngine>(cfg, w, std::move(comm), opt);
+  return std::make_unique<gpu::GpuEngine>(cfg, w, std::move(comm), opt);
 }
 
 GpuDispatchView gpu_dispatch_view(const MoeLayer::Engine& engine) {
-  const auto* g = dynamic_cast<const GpuEngine*>(&engine);
+  const auto* g = dynamic_cast<const gpu::GpuEngine*>(&engine);
   EPMOE_CHECK(g != nullptr, ErrorCode::invalid_argument, "gpu_dispatch_view: not a GPU engine");
   return g->dispatch_view();
 }

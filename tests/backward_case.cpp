@@ -15,8 +15,6 @@ std::string BackwardCase::name() const {
   return os.str();
 }
 
-namespace {
-
 std::vector<bf16> dy_of(const EpCase& c, int rank) {
   return random_bf16(size_t(c.tokens_of(rank)) * c.hidden, mix(c.seed, 900 + rank), 1.0f);
 }
@@ -49,6 +47,45 @@ std::vector<float> as_float(const std::vector<bf16>& v) {
   for (size_t i = 0; i < v.size(); ++i) f[i] = v[i].f();
   return f;
 }
+
+ReferenceGrads reference_grads(const EpCase& c, int me) {
+  const int W = c.world, E = c.E, k = c.k, H = c.hidden, F = c.ffn, El = E / W;
+  const ModelWeights mw = make_weights(E, H, F, c.seed);
+  std::vector<double> w1d(mw.w1.size()), w2d(mw.w2.size());
+  for (size_t i = 0; i < w1d.size(); ++i) w1d[i] = mw.w1[i].f();
+  for (size_t i = 0; i < w2d.size(); ++i) w2d[i] = mw.w2[i].f();
+  std::vector<double> dw1_ref(w1d.size(), 0.0), dw2_ref(w2d.size(), 0.0);
+  std::vector<double> t1(w1d.size()), t2(w2d.size());
+  ReferenceGrads r;
+  for (int p = 0; p < W; ++p) {
+    const int64_t Tp = c.tokens_of(p);
+    const std::vector<bf16> xp = make_x(c.seed, p, Tp, H), dyp = dy_of(c, p);
+    const Routing Rp = routing_of(c, p);
+    std::vector<double> xd(xp.size()), dyd(dyp.size()), wd(Rp.weights.begin(), Rp.weights.end());
+    for (size_t i = 0; i < xd.size(); ++i) xd[i] = xp[i].f();
+    for (size_t i = 0; i < dyd.size(); ++i) dyd[i] = dyp[i].f();
+    std::vector<double> dxp(xd.size()), dwp(wd.size());
+    reference_moe_backward_f64(xd.data(), Rp.ids.data(), wd.data(), Tp, k, w1d.data(), w2d.data(), E, H, F, dyd.data(),
+                               dxp.data(), dwp.data(), t1.data(), t2.data());
+    for (size_t i = 0; i < t1.size(); ++i) dw1_ref[i] += t1[i];
+    for (size_t i = 0; i < t2.size(); ++i) dw2_ref[i] += t2[i];
+    if (p == me) {
+      r.dx = dxp;
+      r.dwts = dwp;
+    }
+    for (int64_t t = 0; t < Tp; ++t)  // rows this rank received from p: p's tokens with an expert here
+      for (int j = 0; j < k; ++j)
+        if (Rp.ids[t * k + j] >= 0 && Rp.ids[t * k + j] / El == me) {
+          ++r.recv_rows;
+          break;
+        }
+  }
+  r.dw1.assign(dw1_ref.begin() + int64_t(me) * El * 2 * F * H, dw1_ref.begin() + int64_t(me + 1) * El * 2 * F * H);
+  r.dw2.assign(dw2_ref.begin() + int64_t(me) * El * H * F, dw2_ref.begin() + int64_t(me + 1) * El * H * F);
+  return r;
+}
+
+namespace {
 
 struct Grads {
   std::vector<bf16> dx;
@@ -123,49 +160,18 @@ BackwardReport run_backward_case_cpu(const BackwardCase& bc, std::shared_ptr<Com
   EXPECT_EQ(ctx.policy(), bc.policy);
 
   // ---- the fp64 reference, over every rank's tokens -------------------------------------------------
-  std::vector<double> w1d(mw.w1.size()), w2d(mw.w2.size());
-  for (size_t i = 0; i < w1d.size(); ++i) w1d[i] = mw.w1[i].f();
-  for (size_t i = 0; i < w2d.size(); ++i) w2d[i] = mw.w2[i].f();
-  std::vector<double> dw1_ref(w1d.size(), 0.0), dw2_ref(w2d.size(), 0.0), dx_ref, dwts_ref;
-  std::vector<double> t1(w1d.size()), t2(w2d.size());
-  int64_t recv_rows = 0;
-  for (int p = 0; p < W; ++p) {
-    const int64_t Tp = c.tokens_of(p);
-    const std::vector<bf16> xp = make_x(c.seed, p, Tp, H), dyp = dy_of(c, p);
-    const Routing Rp = routing_of(c, p);
-    std::vector<double> xd(xp.size()), dyd(dyp.size()), wd(Rp.weights.begin(), Rp.weights.end());
-    for (size_t i = 0; i < xd.size(); ++i) xd[i] = xp[i].f();
-    for (size_t i = 0; i < dyd.size(); ++i) dyd[i] = dyp[i].f();
-    std::vector<double> dxp(xd.size()), dwp(wd.size());
-    reference_moe_backward_f64(xd.data(), Rp.ids.data(), wd.data(), Tp, k, w1d.data(), w2d.data(), E, H, F, dyd.data(),
-                               dxp.data(), dwp.data(), t1.data(), t2.data());
-    for (size_t i = 0; i < t1.size(); ++i) dw1_ref[i] += t1[i];
-    for (size_t i = 0; i < t2.size(); ++i) dw2_ref[i] += t2[i];
-    if (p == me) {
-      dx_ref = dxp;
-      dwts_ref = dwp;
-    }
-    for (int64_t t = 0; t < Tp; ++t)  // rows this rank received from p: p's tokens with an expert here
-      for (int j = 0; j < k; ++j)
-        if (Rp.ids[t * k + j] >= 0 && Rp.ids[t * k + j] / El == me) {
-          ++recv_rows;
-          break;
-        }
-  }
+  const ReferenceGrads ref = reference_grads(c, me);
+  const int64_t recv_rows = ref.recv_rows;
   rep.recv_rows = recv_rows;
-  const std::vector<double> dw1_mine(dw1_ref.begin() + int64_t(me) * El * 2 * F * H,
-                                     dw1_ref.begin() + int64_t(me + 1) * El * 2 * F * H);
-  const std::vector<double> dw2_mine(dw2_ref.begin() + int64_t(me) * El * H * F,
-                                     dw2_ref.begin() + int64_t(me + 1) * El * H * F);
   const std::string tag = bc.name() + " rank " + std::to_string(me);
-  EXPECT_TRUE(grad_close("dx", as_float(g.dx), dx_ref)) << tag;
-  EXPECT_TRUE(grad_close("d_topk_weights", g.dw, dwts_ref)) << tag;
+  EXPECT_TRUE(grad_close("dx", as_float(g.dx), ref.dx)) << tag;
+  EXPECT_TRUE(grad_close("d_topk_weights", g.dw, ref.dwts)) << tag;
   for (int64_t i = 0; i < T * k; ++i)
     if (ids[size_t(i)] < 0) EXPECT_EQ(g.dw[size_t(i)], 0.0f) << tag << ": dropped slot " << i << " needs d = 0";
   const std::vector<float> dw1 = bc.grad_dtype == DType::f32 ? g.dw1_f : as_float(g.dw1_b);
   const std::vector<float> dw2 = bc.grad_dtype == DType::f32 ? g.dw2_f : as_float(g.dw2_b);
-  EXPECT_TRUE(grad_close("dw1", dw1, dw1_mine)) << tag;
-  EXPECT_TRUE(grad_close("dw2", dw2, dw2_mine)) << tag;
+  EXPECT_TRUE(grad_close("dw1", dw1, ref.dw1)) << tag;
+  EXPECT_TRUE(grad_close("dw2", dw2, ref.dw2)) << tag;
 
   // ---- the saved bytes: the rows, plus h (2 ffn bf16 per pair) when kept -----------------------------
   if (rep.pairs > 0) {

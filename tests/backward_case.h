@@ -6,6 +6,9 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
 
 #include "ep_case.h"
 #include "epmoe/communicator.h"
@@ -30,6 +33,19 @@ inline void PrintTo(const BackwardCase& c, std::ostream* os) { *os << c.name(); 
 // (measured ~3e-3). bf16 gradient tensors add one rounding (2^-9). A wrong row, slot, expert or
 // weight is an O(1) error in both measures.
 inline constexpr double kGradElem = 1.0 / 32, kGradL2 = 1.5e-2;
+
+// The pieces the device suites share with run_backward_case_cpu:
+std::vector<bf16> dy_of(const EpCase& c, int rank);  // the case's dy on `rank`
+std::vector<float> as_float(const std::vector<bf16>& v);
+// got against ref by kGradElem (elementwise, of max |ref|) and kGradL2 (relative L2).
+::testing::AssertionResult grad_close(const char* what, const std::vector<float>& got, const std::vector<double>& ref);
+// The fp64 reference gradients of rank `me`: dx and d_topk_weights of its tokens, dW of its experts
+// (summed over every rank's tokens), and the rows it receives in the dispatch.
+struct ReferenceGrads {
+  std::vector<double> dx, dwts, dw1, dw2;
+  int64_t recv_rows = 0;
+};
+ReferenceGrads reference_grads(const EpCase& c, int me);
 
 struct BackwardReport {
   int64_t pairs = 0;

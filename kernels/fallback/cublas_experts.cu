@@ -72,32 +72,20 @@ __global__ void weighted_scatter_add_kernel(const uint4* __restrict__ down, cons
   }
 }
 
-struct Gemm {
-  int m, k, lda, ldb, ldc;
-};
+// The experts with rows, checked against their segments.
+std::vector<int> active_experts(const ExpertProblem& p, const int64_t* off, const int64_t* counts) {
+  std::vector<int> active;
+  for (int e = 0; e < p.experts; ++e)
+    if (counts[e] > 0) {
+      EPMOE_CHECK(counts[e] <= off[e + 1] - off[e], ErrorCode::internal, "cublas_experts: expert ", e, " count ",
+                  counts[e], " exceeds its segment");
+      active.push_back(e);
+    }
+  return active;
+}
 
-// C_e = A_e (op T) * B_e for the active experts, grouped; per-expert cublasGemmEx if this cuBLAS has
-// no grouped kernel for the shapes (CUBLAS_STATUS_NOT_SUPPORTED).
-void grouped_gemm(cublasHandle_t handle, const Gemm& g, const std::vector<int>& n, void* const* dev_a,
-                  void* const* dev_b, void* const* dev_c, void* const* host_a, void* const* host_b,
-                  void* const* host_c) {
-  const int G = int(n.size());
-  const float one = 1.f, zero = 0.f;
-  std::vector<cublasOperation_t> ta(G, CUBLAS_OP_T), tb(G, CUBLAS_OP_N);
-  std::vector<int> m(G, g.m), k(G, g.k), lda(G, g.lda), ldb(G, g.ldb), ldc(G, g.ldc), size(G, 1);
-  std::vector<float> alpha(G, one), beta(G, zero);
-  const cublasStatus_t st = cublasGemmGroupedBatchedEx(
-      handle, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(), dev_a,
-      CUDA_R_16BF, lda.data(), dev_b, CUDA_R_16BF, ldb.data(), beta.data(), dev_c,
-      CUDA_R_16BF, ldc.data(), G, size.data(), CUBLAS_COMPUTE_32F);
-  if (st != CUBLAS_STATUS_NOT_SUPPORTED) {
-    EPMOE_CUBLAS_CHECK(st);
-    return;
-  }
-  for (int e = 0; e < G; ++e)
-    EPMOE_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, g.m, n[e], g.k, &one, host_a[e], CUDA_R_16BF,
-                                    g.lda, host_b[e], CUDA_R_16BF, g.ldb, &zero, host_c[e], CUDA_R_16BF, g.ldc,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+void check_shape(const ExpertProblem& p) {
+  EPMOE_CHECK(p.hidden % 8 == 0 && p.ffn % 8 == 0, ErrorCode::internal, "cublas_experts: hidden/ffn not multiples of 8");
 }
 
 }  // namespace
@@ -106,18 +94,44 @@ size_t cublas_experts_workspace_bytes(int64_t rows, int hidden, int ffn) {
   return align_up(size_t(rows) * 2 * ffn * 2) + align_up(size_t(rows) * hidden * 2);
 }
 
-void cublas_pointer_arrays_create(CublasPointerArrays& p, int experts) {
-  cublas_pointer_arrays_destroy(p);
-  const size_t bytes = size_t(6) * (experts > 0 ? experts : 1) * sizeof(void*);
-  EPMOE_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&p.device), bytes));
-  EPMOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&p.host), bytes));
-  p.experts = experts;
+// Column-major Y^T[2F, n] = W1_e * X^T (see the file header).
+void cublas_up_launch(const ExpertProblem& p, const int64_t* off, const int64_t* counts, __nv_bfloat16* h,
+                      cublasHandle_t handle, CublasPointerArrays& ptrs, cudaStream_t stream) {
+  check_shape(p);
+  const int H = p.hidden, F = p.ffn;
+  std::vector<CublasGemmGroup> g;
+  for (int e : active_experts(p, off, counts))
+    g.push_back({2 * F, int(counts[e]), H, H, H, 2 * F, p.w1 + int64_t(e) * 2 * F * H, p.xs + off[e] * H,
+                 h + off[e] * 2 * F});
+  cublas_grouped_gemm(handle, CublasGemmSpec{CUBLAS_OP_T, CUBLAS_OP_N}, g, ptrs, stream);
 }
 
-void cublas_pointer_arrays_destroy(CublasPointerArrays& p) noexcept {
-  if (p.device) cudaFree(p.device);
-  if (p.host) cudaFreeHost(p.host);
-  p = {};
+void swiglu_launch(const __nv_bfloat16* h, const int32_t* pair_row, int64_t rows, int ffn, __nv_bfloat16* act,
+                   cudaStream_t stream) {
+  EPMOE_CHECK(ffn % 8 == 0, ErrorCode::internal, "swiglu: ffn not a multiple of 8");
+  if (rows == 0) return;
+  const int64_t total = rows * (ffn / 8);
+  const int64_t blocks = std::min<int64_t>((total + 255) / 256, 132 * 32);
+  swiglu_kernel<<<unsigned(blocks), 256, 0, stream>>>(reinterpret_cast<const uint4*>(h), pair_row, rows, ffn / 8,
+                                                      reinterpret_cast<uint4*>(act));
+  EPMOE_CUDA_CHECK_LAUNCH("swiglu_kernel");
+}
+
+// Column-major D^T[H, n] = W2_e * act^T, then the weighted scatter into out.
+void cublas_down_launch(const ExpertProblem& p, const int64_t* off, const int64_t* counts, __nv_bfloat16* down,
+                        cublasHandle_t handle, CublasPointerArrays& ptrs, cudaStream_t stream) {
+  check_shape(p);
+  const int H = p.hidden, F = p.ffn, El = p.experts;
+  std::vector<CublasGemmGroup> g;
+  for (int e : active_experts(p, off, counts))
+    g.push_back({H, int(counts[e]), F, F, F, H, p.w2 + int64_t(e) * H * F, p.act + off[e] * F, down + off[e] * H});
+  if (g.empty()) return;
+  cublas_grouped_gemm(handle, CublasGemmSpec{CUBLAS_OP_T, CUBLAS_OP_N}, g, ptrs, stream);
+  const int64_t P = off[El];
+  const int64_t blocks = (P + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  weighted_scatter_add_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
+      reinterpret_cast<const uint4*>(down), p.pair_row, p.pair_weight, P, H / 8, p.out);
+  EPMOE_CUDA_CHECK_LAUNCH("weighted_scatter_add_kernel");
 }
 
 void cublas_experts_launch(const ExpertProblem& p, const int64_t* off, const int64_t* counts, cublasHandle_t handle,
@@ -127,59 +141,14 @@ void cublas_experts_launch(const ExpertProblem& p, const int64_t* off, const int
               "cublas_experts: ExpertProblem::zero_out is an sm_90 pipeline option; zero out before the call");
   const int64_t P = off[El];
   if (P == 0) return;
-  EPMOE_CHECK(ptrs.experts >= El, ErrorCode::internal, "cublas_experts: pointer arrays for ", ptrs.experts,
-              " experts, need ", El);
   EPMOE_CHECK(workspace_bytes >= cublas_experts_workspace_bytes(P, H, F) && P <= p.rows_capacity,
               ErrorCode::internal, "cublas_experts: workspace or rows too small for ", P, " rows");
-  EPMOE_CHECK(H % 8 == 0 && F % 8 == 0, ErrorCode::internal, "cublas_experts: hidden/ffn not multiples of 8");
   __nv_bfloat16* up = static_cast<__nv_bfloat16*>(workspace);
   __nv_bfloat16* down = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(workspace) +
                                                          align_up(size_t(P) * 2 * F * 2));
-
-  // Active experts (n > 0) and their matrices; 64-bit element offsets throughout.
-  std::vector<int> n;
-  std::vector<int> active;
-  for (int e = 0; e < El; ++e)
-    if (counts[e] > 0) {
-      EPMOE_CHECK(counts[e] <= off[e + 1] - off[e], ErrorCode::internal, "cublas_experts: expert ", e, " count ",
-                  counts[e], " exceeds its segment");
-      n.push_back(int(counts[e]));
-      active.push_back(e);
-    }
-  const int G = int(active.size());
-  void** h = ptrs.host;  // [6][G]: up A, B, C, down A, B, C
-  for (int i = 0; i < G; ++i) {
-    const int e = active[i];
-    const int64_t r0 = off[e];
-    h[0 * G + i] = const_cast<__nv_bfloat16*>(p.w1 + int64_t(e) * 2 * F * H);
-    h[1 * G + i] = const_cast<__nv_bfloat16*>(p.xs + r0 * H);
-    h[2 * G + i] = up + r0 * 2 * F;
-    h[3 * G + i] = const_cast<__nv_bfloat16*>(p.w2 + int64_t(e) * H * F);
-    h[4 * G + i] = p.act + r0 * F;
-    h[5 * G + i] = down + r0 * H;
-  }
-  EPMOE_CUBLAS_CHECK(cublasSetStream(handle, stream));
-  EPMOE_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
-  if (G > 0) {
-    void** d = ptrs.device;
-    EPMOE_CUDA_CHECK(cudaMemcpyAsync(d, h, size_t(6) * G * sizeof(void*), cudaMemcpyHostToDevice, stream));
-    grouped_gemm(handle, Gemm{2 * F, H, H, H, 2 * F}, n, d, d + G, d + 2 * G, h, h + G, h + 2 * G);
-  }
-  {
-    const int64_t total = P * (F / 8);
-    const int64_t blocks = std::min<int64_t>((total + 255) / 256, 132 * 32);
-    swiglu_kernel<<<unsigned(blocks), 256, 0, stream>>>(reinterpret_cast<const uint4*>(up), p.pair_row, P, F / 8,
-                                                        reinterpret_cast<uint4*>(p.act));
-    EPMOE_CUDA_CHECK_LAUNCH("swiglu_kernel");
-  }
-  if (G > 0) {
-    void** d = ptrs.device;
-    grouped_gemm(handle, Gemm{H, F, F, F, H}, n, d + 3 * G, d + 4 * G, d + 5 * G, h + 3 * G, h + 4 * G, h + 5 * G);
-    const int64_t blocks = (P + kWarpsPerBlock - 1) / kWarpsPerBlock;
-    weighted_scatter_add_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-        reinterpret_cast<const uint4*>(down), p.pair_row, p.pair_weight, P, H / 8, p.out);
-    EPMOE_CUDA_CHECK_LAUNCH("weighted_scatter_add_kernel");
-  }
+  cublas_up_launch(p, off, counts, up, handle, ptrs, stream);
+  swiglu_launch(up, p.pair_row, P, F, p.act, stream);
+  cublas_down_launch(p, off, counts, down, handle, ptrs, stream);
 }
 
 }  // namespace epmoe::kernels

@@ -52,6 +52,10 @@ struct LayerOptions {
   // What forward(..., save) keeps for backward. Both policies give the same gradients: h is kept,
   // or recomputed, rounded to bf16.
   SavePolicy save_policy = SavePolicy::rows_and_preactivation;
+  // GPU backward: the kernels of dW1 / dW2. automatic: the sm_90 weight-gradient kernel on the sm90
+  // path where hidden and ffn are multiples of 256 (its tile), else cuBLAS; sm90 asks for the kernel
+  // (falling back to cuBLAS for a shape it does not take); cublas forces cuBLAS.
+  ExpertPath weight_grad_path = ExpertPath::automatic;
   // Inspection hook (tests, debugging): called after the dispatch with the received rows
   // x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
   // src/ep_protocol.h) and the rows received from each rank, in host memory. The GPU engine copies

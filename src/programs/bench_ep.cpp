@@ -16,8 +16,8 @@
 //     y written; y of `check-tokens` sampled tokens per rank against reference_moe on the CPU.
 // The exit status is non-zero when any check fails (after every shape ran).
 //
-// Normal draws are Irwin-Hall sums of four 16-bit uniforms (mean 0, variance 1, |z| <= 3.47): close
-// enough to N(0,1) for timing and cheap enough to draw 11 G weights per shape in seconds.
+// The random numbers, the routing and the weight upload are bench_common.h's (shared with
+// epmoe_bench_train).
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -48,15 +48,15 @@
 #include "epmoe/nccl_communicator.h"
 #include "epmoe/reference.h"
 #include "epmoe/tensor_view.h"
+#include "bench_common.h"
 
 #if !EPMOE_WITH_MPI || !EPMOE_WITH_NCCL
 #error "epmoe_bench_ep needs epmoe built with MPI and NCCL (EPMOE_ENABLE_MPI, EPMOE_ENABLE_NCCL)"
 #endif
 
-#define BENCH_CUDA(call) EPMOE_CUDA_CHECK(call)
-
 namespace {
 
+using namespace epmoe::bench;
 using epmoe::bf16;
 using epmoe::DeviceType;
 using epmoe::DType;
@@ -66,11 +66,6 @@ constexpr float kWeightStd = 0.02f;
 constexpr double kRelTolerance = 1e-2;  // ||y - ref|| / ||ref|| on the sampled tokens (bf16 operands)
 
 // ---- options -----------------------------------------------------------------------------------
-
-struct Shape {
-  int E = 0, k = 0, hidden = 0, ffn = 0;
-  int64_t tokens = 0;  // per rank
-};
 
 struct Options {
   std::string shapes = "default";
@@ -160,119 +155,6 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-// ---- deterministic random numbers ---------------------------------------------------------------
-
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-// Element i of the stream `key` (splitmix64 at state key + (i+1) * golden): random access.
-inline uint64_t hash_at(uint64_t key, uint64_t i) { return mix64(key + (i + 1) * kGolden); }
-
-// ~N(0, 1): Irwin-Hall sum of four 16-bit uniforms, centred, scaled to variance 1.
-inline float normal_at(uint64_t key, uint64_t i) {
-  const uint64_t h = hash_at(key, i);
-  const int32_t s = int32_t(h & 0xffff) + int32_t((h >> 16) & 0xffff) + int32_t((h >> 32) & 0xffff) +
-                    int32_t(h >> 48) - 131070;
-  return float(s) * 2.6428556e-5f;  // sqrt(3) / 65536
-}
-
-enum Tag : uint64_t { kTagW1 = 1, kTagW2 = 2, kTagX = 3, kTagLogits = 4 };
-
-uint64_t stream_key(uint64_t seed, Tag tag, uint64_t a, uint64_t b) {
-  return mix64(mix64(mix64(seed * kGolden + tag) + a) ^ (b * 0xD1B54A32D192ED03ull));
-}
-
-int g_threads = 1;  // host threads per rank for generation
-
-// f(begin, end) over [0, n) on g_threads threads (one for small n).
-template <class F>
-void parallel_for(int64_t n, const F& f) {
-  const int nt = n < (int64_t(1) << 16) ? 1 : g_threads;
-  if (nt <= 1) {
-    f(int64_t(0), n);
-    return;
-  }
-  std::vector<std::thread> pool;
-  const int64_t chunk = (n + nt - 1) / nt;
-  for (int t = 0; t < nt; ++t) {
-    const int64_t b = t * chunk, e = std::min(n, b + chunk);
-    if (b >= e) break;
-    pool.emplace_back([&f, b, e] { f(b, e); });
-  }
-  for (auto& th : pool) th.join();
-}
-
-void fill_normal_bf16(bf16* dst, int64_t n, uint64_t key, float scale) {
-  parallel_for(n, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = bf16(scale * normal_at(key, uint64_t(i)));
-  });
-}
-
-// Global expert `expert`'s weights, identical on every rank: w1[2*ffn, hidden], w2[hidden, ffn].
-void generate_expert(uint64_t seed, const Shape& s, int expert, bf16* w1, bf16* w2) {
-  const uint64_t dims = (uint64_t(uint32_t(s.hidden)) << 32) | uint32_t(s.ffn);
-  fill_normal_bf16(w1, int64_t(2) * s.ffn * s.hidden, stream_key(seed, kTagW1, uint64_t(expert), dims), kWeightStd);
-  fill_normal_bf16(w2, int64_t(s.hidden) * s.ffn, stream_key(seed, kTagW2, uint64_t(expert), dims), kWeightStd);
-}
-
-// ---- device memory -------------------------------------------------------------------------------
-
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_) BENCH_CUDA(cudaMalloc(&ptr_, bytes_));
-  }
-  ~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
-  }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    if (this != &o) {
-      if (ptr_) cudaFree(ptr_);
-      ptr_ = o.ptr_, bytes_ = o.bytes_;
-      o.ptr_ = nullptr, o.bytes_ = 0;
-    }
-    return *this;
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// This rank's slice of the experts, kept across shapes with the same (E, hidden, ffn).
-struct WeightSet {
-  int E = 0, hidden = 0, ffn = 0;
-  DeviceBuffer w1, w2;
-  bool matches(const Shape& s) const { return E == s.E && hidden == s.hidden && ffn == s.ffn; }
-};
-
-void upload_weights(WeightSet& ws, uint64_t seed, const Shape& s, int rank, int world) {
-  ws = WeightSet{};  // free the previous set first
-  const int el = s.E / world;
-  const size_t n1 = size_t(2) * s.ffn * s.hidden, n2 = size_t(s.hidden) * s.ffn;
-  ws.w1 = DeviceBuffer(size_t(el) * n1 * sizeof(bf16));
-  ws.w2 = DeviceBuffer(size_t(el) * n2 * sizeof(bf16));
-  std::vector<bf16> h1(n1), h2(n2);
-  for (int le = 0; le < el; ++le) {
-    generate_expert(seed, s, rank * el + le, h1.data(), h2.data());
-    BENCH_CUDA(cudaMemcpy(static_cast<char*>(ws.w1.get()) + size_t(le) * n1 * sizeof(bf16), h1.data(),
-                          n1 * sizeof(bf16), cudaMemcpyHostToDevice));
-    BENCH_CUDA(cudaMemcpy(static_cast<char*>(ws.w2.get()) + size_t(le) * n2 * sizeof(bf16), h2.data(),
-                          n2 * sizeof(bf16), cudaMemcpyHostToDevice));
-  }
-  ws.E = s.E, ws.hidden = s.hidden, ws.ffn = s.ffn;
-}
-
 // ---- inputs --------------------------------------------------------------------------------------
 
 struct Inputs {
@@ -293,32 +175,7 @@ Inputs make_inputs(uint64_t seed, const Shape& s, int shape_index, int rank, int
   in.ids.resize(size_t(T) * k);
   in.wts.resize(size_t(T) * k);
   const uint64_t lkey = stream_key(seed, kTagLogits, uint64_t(rank), uint64_t(shape_index));
-  // softmax(logits) -> top-k -> renormalise -> bf16, per token (ep_baseline.py's routing).
-  parallel_for(T * E, [&](int64_t b, int64_t e) {
-    std::vector<float> prob(static_cast<size_t>(E), 0.f);
-    std::vector<int> order(static_cast<size_t>(E));
-    for (int64_t t = b / E; t < T && t * E < e; ++t) {
-      if (t * E < b) continue;  // token owned by the previous chunk
-      float mx = -INFINITY;
-      for (int j = 0; j < E; ++j) {
-        prob[j] = normal_at(lkey, uint64_t(t * E + j));
-        mx = std::max(mx, prob[j]);
-      }
-      float sum = 0.f;
-      for (int j = 0; j < E; ++j) sum += (prob[j] = std::exp(prob[j] - mx));
-      for (int j = 0; j < E; ++j) prob[j] /= sum;
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int c) {
-        return prob[a] > prob[c] || (prob[a] == prob[c] && a < c);
-      });
-      float top = 0.f;
-      for (int j = 0; j < k; ++j) top += prob[order[j]];
-      for (int j = 0; j < k; ++j) {
-        in.ids[size_t(t) * k + j] = order[j];
-        in.wts[size_t(t) * k + j] = epmoe::round_bf16(prob[order[j]] / top);
-      }
-    }
-  });
+  route_softmax_topk(lkey, T, E, k, in.ids.data(), in.wts.data());
   for (int64_t t = 0; t < T; ++t) {
     uint64_t mask = 0;
     for (int j = 0; j < k; ++j) {
@@ -355,7 +212,7 @@ CheckResult check_sampled(uint64_t seed, const Shape& s, const Inputs& in, const
     for (int j = 0; j < s.k; ++j) {
       const int e = in.ids[size_t(t) * s.k + j];
       idc[j] = e < 0 ? -1 : j;
-      if (e >= 0) generate_expert(seed, s, e, w1c.data() + j * n1, w2c.data() + j * n2);
+      if (e >= 0) generate_expert(seed, s, e, w1c.data() + j * n1, w2c.data() + j * n2, kWeightStd, kWeightStd);
     }
     // One thread per slot: slot j's weighted expert output, then the sum over slots.
     std::vector<std::thread> pool;
@@ -379,42 +236,6 @@ CheckResult check_sampled(uint64_t seed, const Shape& s, const Inputs& in, const
     ++r.tokens;
   }
   return r;
-}
-
-// ---- small helpers -------------------------------------------------------------------------------
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-double allreduce_max(double v) {
-  double r = 0;
-  MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return r;
-}
-double allreduce_sum(double v) {
-  double r = 0;
-  MPI_Allreduce(&v, &r, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return r;
-}
-int64_t allreduce_sum(int64_t v) {
-  int64_t r = 0;
-  MPI_Allreduce(&v, &r, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-  return r;
-}
-
-std::string json_num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // ---- one shape -----------------------------------------------------------------------------------
@@ -465,7 +286,7 @@ Result run_shape(Context& cx, const Options& o, const Shape& s, int shape_index,
 
   if (!ws.matches(s)) {
     if (r0) std::fprintf(stderr, "[bench_ep]   generating weights (%lld experts per rank)\n", (long long)el);
-    upload_weights(ws, o.seed, s, cx.rank, cx.world);
+    upload_weights(ws, o.seed, s, cx.rank, cx.world, kWeightStd, kWeightStd);
   }
   const Inputs in = make_inputs(o.seed, s, shape_index, cx.rank, cx.world);
 

@@ -1,0 +1,139 @@
+// Internal: the GPU engine's class, shared by its two halves - gpu_engine.cu (construction and the
+// forward's phases) and gpu_backward.cu (what a forward saves, and the backward). Included by those
+// files only.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine.h"
+#include "gpu_engine.h"
+#include "gpu_support.cuh"
+#include "kernels/expert_problem.cuh"
+#include "kernels/fallback/cublas_grouped.cuh"
+#include "kernels/heuristics/sm90_heuristics.h"
+
+namespace epmoe::gpu {
+
+enum Phase { kStart, kLayoutEnd, kExchangeEnd, kDispatchStart, kDispatchEnd, kExpertsEnd, kCombineEnd, kReduceEnd, kPhases };
+
+// What a GPU forward keeps for its backward (gpu_backward.cu), in buffers of the engine's pool that
+// the context owns, so several forwards may be saved before their backwards and a context may
+// outlive its layer. The destructor frees them in stream order after `last_use` (recorded at the
+// end of the forward and of every backward on the context).
+struct GpuSaved final : MoeForwardContext::State {
+  int device = 0;
+  int64_t T = 0, S = 0, R = 0, P = 0;         // tokens, rows sent, rows received, padded expert rows
+  std::vector<int64_t> send_rows, recv_rows;  // [world]
+  std::vector<int64_t> send_hdr;              // [world, header_words] this rank's count headers
+  std::vector<int64_t> host_expert;           // [2 E_local + 1] padded offsets, then counts
+  PoolBuffer ids;         // i32 [T, k]      the forward's topk_ids
+  PoolBuffer token_row;   // i32 [T, world]  source layout
+  PoolBuffer send_token;  // i32 [S]
+  PoolBuffer recv_meta;   // i32 [R, meta_words]
+  PoolBuffer expert;      // i64 [2 E_local + 1] device copy of host_expert
+  PoolBuffer pair_row;    // i32 [P]
+  PoolBuffer pair_weight; // f32 [P]
+  PoolBuffer rows;        // bf16: xs [P, hidden] expert-sorted (rows_and_preactivation) or recv_x [R, hidden]
+  PoolBuffer h;           // bf16 [P, 2 ffn] (rows_and_preactivation)
+  cudaEvent_t last_use = nullptr;
+  std::shared_ptr<MemoryPool> pool;  // the buffers' pool, alive while they are
+  ~GpuSaved() override;
+};
+
+class GpuEngine final : public MoeLayer::Engine {
+ public:
+  GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm, const LayerOptions& opt);
+  ~GpuEngine() override { destroy(); }
+
+  void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+               void* stream, MoeForwardContext* save) override;
+  void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
+                const ExpertGradients& grads, void* stream) override;
+
+  GpuDispatchView dispatch_view() const;
+
+ private:
+  void destroy() noexcept;
+  // Arguments on another device than the weights fail like any bad argument (in the exchange).
+  protocol::Status check_devices(std::initializer_list<std::pair<const TensorView*, const char*>> args) const;
+
+  // What one forward's phases hand each other.
+  struct Forward {
+    int64_t T = 0;                  // tokens of this rank (0 after a bad argument)
+    protocol::ReceivePlan plan;     // rows and pairs received from each rank (the count exchange)
+    std::vector<int64_t> send_rows; // [world] rows sent to each rank
+    int64_t S = 0, R = 0, P = 0;    // rows sent, rows received, padded expert rows
+    GpuSaved* save = nullptr;       // forward(..., save): what is being kept
+  };
+  // The forward's phases on `s` (gpu_engine.cu's header lists them); forward() wraps them for the
+  // ordering with other forwards and backwards.
+  void run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, cudaStream_t s,
+           GpuSaved* save);
+  int64_t route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
+                       cudaStream_t s);
+  void exchange_counts(Forward& f, cudaStream_t s);
+  void dispatch(const TensorView& x, const Forward& f, cudaStream_t s);
+  void run_experts(const Forward& f, cudaStream_t s);
+  // forward(..., save) under rows_and_preactivation: h goes through cuBLAS into the saved state,
+  // SwiGLU makes act, then the path's DOWN (gpu_backward.cu).
+  void run_experts_saving_h(const Forward& f, kernels::ExpertProblem prob, cudaStream_t s);
+  void combine(const Forward& f, cudaStream_t s);
+  void source_reduce(const Forward& f, const TensorView& y, cudaStream_t s);
+  // gpu_backward.cu: the saved state's buffers (after the count exchange) and the copies that fill
+  // them (at the forward's end).
+  void begin_save(Forward& f, GpuSaved& st, cudaStream_t s);
+  void finish_save(const Forward& f, const TensorView& ids, GpuSaved& st, cudaStream_t s);
+  void run_backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
+                    const ExpertGradients& grads, cudaStream_t s);
+
+  void record(Phase ph, cudaStream_t s) {
+    if (opt_.record_phase_times) EPMOE_CUDA_CHECK(cudaEventRecord(ev_phase_[ph], s));
+  }
+  double elapsed(Phase a, Phase b) const {
+    float ms = 0;
+    EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, ev_phase_[a], ev_phase_[b]));
+    return ms;
+  }
+
+  std::shared_ptr<Communicator> comm_;
+  LayerOptions opt_;
+  int device_ = 0;
+  const __nv_bfloat16* w1_ = nullptr;
+  const __nv_bfloat16* w2_ = nullptr;
+
+  cudaStream_t side_ = nullptr;
+  cudaEvent_t ev_done_ = nullptr, ev_fork_ = nullptr, ev_zeroed_ = nullptr;
+  std::array<cudaEvent_t, kPhases> ev_phase_{};
+  cublasHandle_t cublas_ = nullptr;  // (created on first use by the cuBLAS path or a backward)
+  kernels::CublasPointerArrays cublas_ptrs_;
+  std::shared_ptr<MemoryPool> pool_;  // the saved contexts' memory
+
+  DeviceBuffer fixed_;
+  int64_t *d_status_ = nullptr, *d_send_rows_ = nullptr, *d_send_offsets_ = nullptr, *d_send_pairs_ = nullptr;
+  int64_t *d_hdr_send_ = nullptr, *d_hdr_recv_ = nullptr, *d_expert_off_ = nullptr, *d_expert_cnt_ = nullptr;
+  kernels::Sm90Device sm90_device_;  // (sm90 path) what the plan heuristics read of the device
+  int32_t* d_error_ = nullptr;  // sticky expert-layout inconsistency flag, folded into the headers
+  int64_t* h_hdr_ = nullptr;     // pinned [2, W, hw]: my send headers, then the received ones
+  int64_t* h_hdr_up_ = nullptr;  // pinned [W, hw]: host-built headers (bad arguments, the backward's status)
+  int64_t* h_expert_ = nullptr;  // pinned [2*El + 1]: padded offsets, then counts
+
+  // token-sized
+  DeviceBuffer token_row_, send_meta_, send_token_, layout_ws_;
+  // count-sized (send_x_ also receives the combine: the dispatch is done with it by then)
+  DeviceBuffer send_x_, recv_x_, recv_meta_, combine_, xs_, act_, pair_row_, pair_weight_, expert_ws_, cublas_ws_;
+  // the backward's scratch (count-sized): dy rows expert-sorted, da, dh, act_s, dx per pair, ds per
+  // pair, the row -> pair map, ds per (row, slot) on both sides
+  DeviceBuffer b_dys_, b_da_, b_dh_, b_act_s_, b_dxp_, b_ds_pair_, b_row_pair_, b_ds_rows_, b_ds_back_, b_h_;
+
+  std::vector<int64_t> recv_hdr_;
+  int64_t last_recv_rows_ = 0;
+  std::vector<int64_t> last_rows_per_rank_;
+};
+
+}  // namespace epmoe::gpu
