@@ -8,7 +8,7 @@
 #   cpu            ctest -L cpu                    (quick sanity, parallel)
 #   gpu            ctest -L gpu -LE mpi            (1-GPU suites)
 #   mpi            ctest -L mpi                    (np 2 GPU suites with >= 2 GPUs; with 1 GPU, -LE gpu)
-#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down*:
+#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad*:
 #                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
 #   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
 #                  and test_layout_gpu, and on test_backward_gpu's small cases; memcheck on
@@ -202,9 +202,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /HGMMA/) h[name]++
