@@ -36,6 +36,11 @@ class CpuEngine final : public MoeLayer::Engine {
     path = ExpertPath::cpu;
   }
 
+  void bind_weights(const ExpertWeights& w) override {
+    validate_weights(cfg, w, DeviceType::cpu);
+    experts_.set_weights(w.w1.ptr<bf16>(), w.w2.ptr<bf16>());
+  }
+
   void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, void*,
                MoeForwardContext* save) override {
     const int W = cfg.world_size, El = cfg.experts_per_rank(), H = cfg.hidden, k = cfg.top_k;

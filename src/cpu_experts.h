@@ -18,6 +18,7 @@ class CpuExperts {
   // w1[E_local, 2*ffn, hidden], w2[E_local, hidden, ffn] (bf16, host). Not copied: must outlive this.
   CpuExperts(const MoeConfig& cfg, const bf16* w1, const bf16* w2, int threads);
   // h (optional, [pairs, 2 ffn] bf16 in expert-layout order, tile 1): the rows' [g, u], for backward.
+  void set_weights(const bf16* w1, const bf16* w2) { w1_ = w1, w2_ = w2; }
   void run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h = nullptr) const;
   // dy[rows, hidden] bf16 (the rows' gradients, in received order); h: the forward's, or null to
   // recompute it. Writes dx[rows, hidden] bf16 and ds[rows, top_k] f32 (the n-th local slot of the

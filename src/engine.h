@@ -26,6 +26,8 @@ class MoeLayer::Engine {
                        const TensorView& y, void* stream, MoeForwardContext* save) = 0;
   virtual void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
                         const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) = 0;
+  // Checked (shapes, dtype, device) and bound for the next calls (MoeLayer::bind_weights).
+  virtual void bind_weights(const ExpertWeights& w) = 0;
   MoeConfig cfg;
   ForwardStats stats;
   ExpertPath path = ExpertPath::automatic;

@@ -161,6 +161,17 @@ protocol::Status GpuEngine::check_devices(
   return s;
 }
 
+void GpuEngine::bind_weights(const ExpertWeights& w) {
+  validate_weights(cfg, w, DeviceType::cuda);
+  EPMOE_CHECK(w.w1.device_index == device_ && w.w2.device_index == device_, ErrorCode::invalid_argument,
+              "bind_weights: w1 / w2 on cuda:", w.w1.device_index, " / cuda:", w.w2.device_index,
+              " but the layer runs on cuda:", device_);
+  EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
+              ErrorCode::invalid_argument, "w1 and w2 must be 16-byte aligned");
+  w1_ = w.w1.ptr<__nv_bfloat16>();
+  w2_ = w.w2.ptr<__nv_bfloat16>();
+}
+
 GpuDispatchView GpuEngine::dispatch_view() const {
   GpuDispatchView v;
   v.recv_x = recv_x_.as<void>();

@@ -56,6 +56,7 @@ class GpuEngine final : public MoeLayer::Engine {
   void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
                 const ExpertGradients& grads, void* stream) override;
 
+  void bind_weights(const ExpertWeights& w) override;
   GpuDispatchView dispatch_view() const;
 
  private:

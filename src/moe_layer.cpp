@@ -52,6 +52,8 @@ void MoeLayer::backward(const MoeForwardContext& ctx, const TensorView& dy, cons
   engine_->backward(ctx, dy, dx, d_topk_weights, grads, stream);
 }
 
+void MoeLayer::bind_weights(const ExpertWeights& weights) { engine_->bind_weights(weights); }
+
 MoeForwardContext::MoeForwardContext() = default;
 MoeForwardContext::~MoeForwardContext() = default;
 MoeForwardContext::MoeForwardContext(MoeForwardContext&&) noexcept = default;

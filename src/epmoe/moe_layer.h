@@ -132,6 +132,11 @@ class MoeLayer {
   void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
                 const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream = nullptr);
 
+  // Points the layer at other weights of the same shapes, dtype and device (a framework's
+  // Parameters may be replaced between steps; torch/ binds them before every call). Local, not
+  // collective; work already queued keeps the weights it was queued with. The caller keeps the
+  // weights alive and unchanged while calls that use them run.
+  void bind_weights(const ExpertWeights& weights);
   const MoeConfig& config() const;
   const ForwardStats& last_stats() const;
   ExpertPath expert_path() const;  // the path in use after `automatic` was resolved
