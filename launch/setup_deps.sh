@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages epmoe builds and tests with (cmake, ninja, g++, Open MPI,
-# GoogleTest). The CUDA 13 toolkit (with NCCL) is expected at /usr/local/cuda where there is one;
+# GoogleTest, libtorch). The CUDA 13 toolkit (with NCCL) is expected at /usr/local/cuda where there is one;
 # without it the build is CPU-only. Skips apt when everything is already there (e.g. the H200
 # machines, which have no network).
 set -euo pipefail
@@ -12,6 +12,12 @@ command -v mpirun >/dev/null || need+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/openmpi/include/mpi.h ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] \
   || command -v mpicxx >/dev/null || need+=(libopenmpi-dev)
 [ -e /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+# libtorch for the torch bindings (torch/, tests label torch): Debian's torch 1.13 (CPU). Not on the
+# H200 machines, which have their own torch in /opt/torch/.venv (and no network).
+if [ ! -d /opt/torch/.venv ]; then
+  [ -e /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake ] || need+=(libtorch-dev)
+  python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   echo "[setup_deps] installing: ${need[*]}"

@@ -1,0 +1,252 @@
+// The epmoe torch ops (include/epmoe/torch.h): registries, the CPU / CUDA / Meta kernels over the
+// torch-free core, and autograd on the Autograd key.
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+#include "epmoe/error.h"
+#include "epmoe/torch.h"
+
+#if EPMOE_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace epmoe::torch_ext {
+
+namespace {
+
+template <class T>
+class Registry {
+ public:
+  int64_t add(std::shared_ptr<T> v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t id = ++next_;
+    items_[id] = std::move(v);
+    return id;
+  }
+  std::shared_ptr<T> get(int64_t id, const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = items_.find(id);
+    EPMOE_CHECK(it != items_.end(), ErrorCode::invalid_argument, "epmoe torch ops: no ", what, " with handle ", id,
+                " (released, or never made)");
+    return it->second;
+  }
+  void remove(int64_t id) noexcept {
+    std::shared_ptr<T> keep;  // destroyed outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = items_.find(id);
+    if (it == items_.end()) return;
+    keep = std::move(it->second);
+    items_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t next_ = 0;
+  std::unordered_map<int64_t, std::shared_ptr<T>> items_;
+};
+
+Registry<MoeLayer>& layers() {
+  static Registry<MoeLayer> r;
+  return r;
+}
+Registry<MoeForwardContext>& contexts() {
+  static Registry<MoeForwardContext> r;
+  return r;
+}
+
+// What the autograd node keeps of its forward: the saved context, released with the node.
+struct ContextRef : torch::CustomClassHolder {
+  explicit ContextRef(int64_t id) : id(id) {}
+  ~ContextRef() override { contexts().remove(id); }
+  int64_t id;
+};
+
+DType dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return DType::bf16;
+    case at::kFloat: return DType::f32;
+    case at::kInt: return DType::i32;
+    default: EPMOE_FAIL(ErrorCode::invalid_argument, "epmoe torch ops: unsupported dtype ", t.scalar_type());
+  }
+}
+
+void* stream_of(const at::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+#if EPMOE_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  EPMOE_FAIL(ErrorCode::unsupported, "epmoe torch ops: a CUDA tensor, but these bindings were built against a "
+             "torch without CUDA");
+#endif
+}
+
+ExpertWeights weights_of(const at::Tensor& w1, const at::Tensor& w2) {
+  EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
+              "epmoe torch ops: w1 and w2 must be contiguous");
+  return {view_of(w1), view_of(w2)};
+}
+
+std::tuple<at::Tensor, int64_t> forward_impl(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
+                                             const at::Tensor& topk_weights, const at::Tensor& w1,
+                                             const at::Tensor& w2, bool save) {
+  const std::shared_ptr<MoeLayer> L = layer_of(layer);
+  const at::Tensor xc = x.contiguous(), ids = topk_ids.to(at::kInt).contiguous(),
+                   wts = topk_weights.to(at::kFloat).contiguous();
+  L->bind_weights(weights_of(w1, w2));
+  at::Tensor y = at::empty_like(xc);
+  auto ctx = save ? std::make_shared<MoeForwardContext>() : nullptr;
+  L->forward(view_of(xc), view_of(ids), view_of(wts), view_of(y), stream_of(xc), ctx.get());
+  return {y, save ? contexts().add(std::move(ctx)) : int64_t(0)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(int64_t layer, int64_t ctx_id,
+                                                                         const at::Tensor& dy, const at::Tensor& w1,
+                                                                         const at::Tensor& w2) {
+  const std::shared_ptr<MoeLayer> L = layer_of(layer);
+  const std::shared_ptr<MoeForwardContext> ctx = contexts().get(ctx_id, "saved forward");
+  const at::Tensor dyc = dy.to(at::kBFloat16).contiguous();
+  L->bind_weights(weights_of(w1, w2));
+  at::Tensor dx = at::empty_like(dyc);
+  at::Tensor dtw = at::empty({dyc.size(0), L->config().top_k}, dyc.options().dtype(at::kFloat));
+  at::Tensor dw1 = at::empty_like(w1), dw2 = at::empty_like(w2);
+  L->backward(*ctx, view_of(dyc), view_of(dx), view_of(dtw), ExpertGradients{view_of(dw1), view_of(dw2), false},
+              stream_of(dyc));
+  return {dx, dtw, dw1, dw2};
+}
+
+at::Tensor moe_plain(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                     const at::Tensor& w1, const at::Tensor& w2) {
+  return std::get<0>(forward_impl(layer, x, topk_ids, topk_weights, w1, w2, false));
+}
+
+// Meta: shapes and dtypes only (no collective runs).
+std::tuple<at::Tensor, int64_t> forward_meta(int64_t, const at::Tensor& x, const at::Tensor&, const at::Tensor&,
+                                             const at::Tensor&, const at::Tensor&, bool) {
+  return {at::empty_like(x), int64_t(0)};
+}
+at::Tensor moe_meta(int64_t, const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                    const at::Tensor&) {
+  return at::empty_like(x);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_meta(int64_t layer, int64_t, const at::Tensor& dy,
+                                                                         const at::Tensor& w1, const at::Tensor& w2) {
+  (void)layer;
+  return {at::empty_like(dy), at::empty({dy.size(0), 0}, dy.options().dtype(at::kFloat)), at::empty_like(w1),
+          at::empty_like(w2)};
+}
+
+c10::OperatorHandle op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
+
+class MoeFunction : public torch::autograd::Function<MoeFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, int64_t layer, const at::Tensor& x,
+                            const at::Tensor& topk_ids, const at::Tensor& topk_weights, const at::Tensor& w1,
+                            const at::Tensor& w2) {
+    at::AutoDispatchBelowADInplaceOrView below;
+    static const auto fwd =
+        op("epmoe::moe_forward").typed<std::tuple<at::Tensor, int64_t>(int64_t, const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, const at::Tensor&,
+                                                                       const at::Tensor&, bool)>();
+    auto [y, id] = fwd.call(layer, x, topk_ids, topk_weights, w1, w2, true);
+    ctx->saved_data["layer"] = layer;
+    ctx->saved_data["ctx"] = c10::make_intrusive<ContextRef>(id);
+    ctx->saved_data["wts_dtype"] = int64_t(topk_weights.scalar_type());
+    ctx->saved_data["T"] = x.size(0);
+    ctx->save_for_backward({w1, w2});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    static const auto bwd =
+        op("epmoe::moe_backward")
+            .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(int64_t, int64_t, const at::Tensor&,
+                                                                               const at::Tensor&, const at::Tensor&)>();
+    const auto saved = ctx->get_saved_variables();
+    const int64_t layer = ctx->saved_data["layer"].toInt();
+    const int64_t id = ctx->saved_data["ctx"].toCustomClass<ContextRef>()->id;
+    // No gradient from above: dy = 0 (the collective must still run on every rank).
+    const at::Tensor dy = grads[0].defined()
+                              ? grads[0]
+                              : at::zeros({ctx->saved_data["T"].toInt(), saved[0].size(2)}, saved[0].options());
+    auto [dx, dtw, dw1, dw2] = bwd.call(layer, id, dy, saved[0], saved[1]);
+    const auto wts_dtype = static_cast<at::ScalarType>(ctx->saved_data["wts_dtype"].toInt());
+    return {at::Tensor(), dx, at::Tensor(), dtw.to(wts_dtype), dw1, dw2};
+  }
+};
+
+at::Tensor moe_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                        const at::Tensor& w1, const at::Tensor& w2) {
+  return MoeFunction::apply(layer, x, topk_ids, topk_weights, w1, w2);
+}
+
+void release_context_op(int64_t id) { contexts().remove(id); }
+
+}  // namespace
+
+int64_t register_layer(std::shared_ptr<MoeLayer> layer) {
+  EPMOE_CHECK(layer != nullptr, ErrorCode::invalid_argument, "register_layer: null layer");
+  return layers().add(std::move(layer));
+}
+std::shared_ptr<MoeLayer> layer_of(int64_t handle) { return layers().get(handle, "layer"); }
+void release_layer(int64_t handle) noexcept { layers().remove(handle); }
+
+TensorView view_of(const at::Tensor& t) {
+  EPMOE_CHECK(t.is_contiguous(), ErrorCode::invalid_argument, "epmoe torch ops: a non-contiguous tensor");
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+  TensorView v;
+  v.data = t.data_ptr();
+  v.dtype = dtype_of(t);
+  v.ndim = int(shape.size());
+  EPMOE_CHECK(v.ndim <= TensorView::kMaxDims, ErrorCode::invalid_argument, "epmoe torch ops: rank ", v.ndim);
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[size_t(i)] = shape[size_t(i)];
+    v.stride[size_t(i)] = t.stride(i);
+  }
+  v.device = t.is_cuda() ? DeviceType::cuda : DeviceType::cpu;
+  v.device_index = t.is_cuda() ? t.device().index() : 0;
+  EPMOE_CHECK(t.is_cpu() || t.is_cuda(), ErrorCode::invalid_argument, "epmoe torch ops: a tensor on ", t.device());
+  return v;
+}
+
+at::Tensor moe(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+               const at::Tensor& w1, const at::Tensor& w2) {
+  static const auto m = op("epmoe::moe").typed<at::Tensor(int64_t, const at::Tensor&, const at::Tensor&,
+                                                          const at::Tensor&, const at::Tensor&, const at::Tensor&)>();
+  return m.call(layer, x, topk_ids, topk_weights, w1, w2);
+}
+
+TORCH_LIBRARY(epmoe, m) {
+  m.class_<ContextRef>("ContextRef");
+  m.def("moe(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2) -> Tensor");
+  m.def("moe_forward(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2, bool save) "
+        "-> (Tensor, int)");
+  m.def("moe_backward(int layer, int ctx, Tensor dy, Tensor w1, Tensor w2) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("release_context(int ctx) -> ()", release_context_op);
+}
+
+TORCH_LIBRARY_IMPL(epmoe, CPU, m) {
+  m.impl("moe", moe_plain);
+  m.impl("moe_forward", forward_impl);
+  m.impl("moe_backward", backward_impl);
+}
+#if EPMOE_TORCH_CUDA
+TORCH_LIBRARY_IMPL(epmoe, CUDA, m) {
+  m.impl("moe", moe_plain);
+  m.impl("moe_forward", forward_impl);
+  m.impl("moe_backward", backward_impl);
+}
+#endif
+TORCH_LIBRARY_IMPL(epmoe, Meta, m) {
+  m.impl("moe", moe_meta);
+  m.impl("moe_forward", forward_meta);
+  m.impl("moe_backward", backward_meta);
+}
+TORCH_LIBRARY_IMPL(epmoe, Autograd, m) { m.impl("moe", moe_autograd); }
+
+}  // namespace epmoe::torch_ext
