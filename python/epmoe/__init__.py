@@ -1,0 +1,109 @@
+"""epmoe from PyTorch: the expert-parallel MoE layer as an nn.Module over the torch.ops.epmoe ops.
+
+    import epmoe
+    epmoe.load_library()                      # libepmoe_torch.so: the ops register on load
+    comm = epmoe.mpi_world()                  # or epmoe.mock_world(n)[rank] (threads), see below
+    moe = epmoe.MoE(num_experts=32, top_k=4, hidden=2048, ffn=1024, comm=comm)
+    y = moe(x, topk_ids, topk_weights)        # x bf16 [T, hidden]; ids / weights from the router
+    y.backward(dy)                            # -> x.grad, topk_weights.grad, moe.w1.grad, moe.w2.grad
+
+Every call is collective over the communicator's ranks (each rank calls it with its own tokens).
+"""
+import glob
+import math
+import os
+
+import torch
+
+__all__ = ["load_library", "Communicator", "mock_world", "mpi_world", "MoE"]
+
+_loaded = None
+
+
+def load_library(path=None):
+    """Loads libepmoe_torch.so (once): `path`, else $EPMOE_TORCH_LIB, else next to this package."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    candidates = [path, os.environ.get("EPMOE_TORCH_LIB")]
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates += sorted(glob.glob(os.path.join(here, "libepmoe_torch*.so")))
+    for p in candidates:
+        if p and os.path.exists(p):
+            torch.ops.load_library(p)
+            _loaded = p
+            return p
+    raise FileNotFoundError("libepmoe_torch.so not found: pass its path to epmoe.load_library(), or set "
+                            "EPMOE_TORCH_LIB (a build has it in build/torch/)")
+
+
+class Communicator:
+    """A communicator handle of the ops (released with the object)."""
+
+    def __init__(self, handle):
+        self.handle = int(handle)
+        self.rank, self.world_size = (int(v) for v in torch.ops.epmoe.comm_info(self.handle))
+
+    def __del__(self):
+        try:
+            torch.ops.epmoe.release_comm(self.handle)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def mock_world(world, deadline_seconds=60.0):
+    """`world` in-process ranks (run each on its own thread): a list of Communicators, rank order."""
+    load_library()
+    return [Communicator(h) for h in torch.ops.epmoe.mock_world(world, float(deadline_seconds))]
+
+
+def mpi_world():
+    """MPI_COMM_WORLD (under mpirun; MPI is initialised if it is not yet)."""
+    load_library()
+    return Communicator(torch.ops.epmoe.mpi_world())
+
+
+class MoE(torch.nn.Module):
+    """This rank's experts: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn], bf16 Parameters
+    initialised U(-1/sqrt(fan_in), +1/sqrt(fan_in)) like nn.Linear (E_local = num_experts / world).
+    The layer behind the ops is made on the first forward, on the Parameters' device (collective: every
+    rank's first forward), and again after they move; replaced Parameters are bound at every call."""
+
+    def __init__(self, num_experts, top_k, hidden, ffn, comm, save_policy="preact"):
+        super().__init__()
+        load_library()
+        if not isinstance(comm, Communicator):
+            raise TypeError("comm: this rank's epmoe.Communicator")
+        if save_policy not in ("preact", "recompute"):
+            raise ValueError(f"save_policy must be 'preact' or 'recompute', got {save_policy!r}")
+        if num_experts % comm.world_size:
+            raise ValueError(f"num_experts {num_experts} is not a multiple of the world size {comm.world_size}")
+        self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
+        self.comm, self.save_policy = comm, save_policy
+        e = num_experts // comm.world_size
+        b1, b2 = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(ffn)
+        self.w1 = torch.nn.Parameter(torch.empty(e, 2 * ffn, hidden).uniform_(-b1, b1).to(torch.bfloat16))
+        self.w2 = torch.nn.Parameter(torch.empty(e, hidden, ffn).uniform_(-b2, b2).to(torch.bfloat16))
+        self._layer = None
+        self._layer_device = None
+
+    def _ensure_layer(self):
+        if self._layer is None or self.w1.device != self._layer_device:
+            if self._layer is not None:
+                torch.ops.epmoe.release_layer(self._layer)
+                self._layer = None
+            self._layer = torch.ops.epmoe.create_layer(self.comm.handle, self.num_experts, self.top_k, self.hidden,
+                                                       self.ffn, self.w1.detach(), self.w2.detach(),
+                                                       self.save_policy)
+            self._layer_device = self.w1.device
+
+    def forward(self, x, topk_ids, topk_weights):
+        self._ensure_layer()
+        return torch.ops.epmoe.moe(self._layer, x, topk_ids, topk_weights, self.w1, self.w2)
+
+    def __del__(self):
+        try:
+            if self._layer is not None:
+                torch.ops.epmoe.release_layer(self._layer)
+        except Exception:
+            pass

@@ -1,0 +1,130 @@
+"""The Python package (python/epmoe) on mock ranks (threads), CPU tensors: epmoe.MoE's forward and
+autograd gradients (x, topk_weights, w1, w2) against a pure-torch fp64 reference with autograd through a
+per-expert loop over the whole layer (every rank's tokens and experts).
+
+Tolerance (as tests/backward_case.h states for the C++ suites): the layer rounds [g, u] and the
+activation to bf16, y / dx rows and dW to bf16 (2^-9 relative each) and sums in fp32; each gradient
+element carries a few such errors of its terms' magnitudes, and terms can cancel, so elements are judged
+against the tensor's largest reference value: |got - ref| <= 2^-5 max|ref|, and the relative L2 error
+<= 1.5e-2. A wrong row, slot, expert or weight is an O(1) error in both. (No torch.autograd.gradcheck:
+the layer has no fp64 path; the reference is fp64 and autograd-derived.)
+
+    EPMOE_TORCH_LIB=build/torch/libepmoe_torch.so PYTHONPATH=python python3 tests/torch/test_python_mock.py
+"""
+import threading
+import unittest
+
+import torch
+import torch.nn.functional as F
+
+import epmoe
+
+
+def make_case(world, E, k, H, Fd, T, seed, drop=False):
+    g = torch.Generator().manual_seed(seed)
+    w1 = (torch.randn(E, 2 * Fd, H, generator=g) * H ** -0.5).bfloat16()
+    w2 = (torch.randn(E, H, Fd, generator=g) * Fd ** -0.5).bfloat16()
+    ranks = []
+    for _ in range(world):
+        x = torch.randn(T, H, generator=g).bfloat16()
+        logits = torch.randn(T, E, generator=g)
+        wts, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+        wts = wts / wts.sum(-1, keepdim=True)
+        if drop:  # every 5th slot dropped
+            ids = ids.clone()
+            ids.view(-1)[::5] = -1
+            wts = wts.masked_fill(ids < 0, 0.0)
+        dy = torch.randn(T, H, generator=g).bfloat16()
+        ranks.append((x, ids, wts.float(), dy))
+    return w1, w2, ranks
+
+
+def reference(w1, w2, ranks):
+    """fp64 autograd through a per-expert loop: per rank (dx, dwts), and the global (dW1, dW2)."""
+    W1 = w1.double().requires_grad_()
+    W2 = w2.double().requires_grad_()
+    out = []
+    for x, ids, wts, dy in ranks:
+        xd = x.double().requires_grad_()
+        wd = wts.double().requires_grad_()
+        y = torch.zeros_like(xd)
+        for e in range(W1.shape[0]):
+            t, j = (ids == e).nonzero(as_tuple=True)
+            if t.numel() == 0:
+                continue
+            h = xd[t] @ W1[e].t()
+            gate, up = h.chunk(2, dim=-1)
+            o = (F.silu(gate) * up) @ W2[e].t()
+            y = y.index_add(0, t, o * wd[t, j].unsqueeze(1))
+        y.backward(dy.double())
+        out.append((xd.grad, wd.grad))
+    return out, W1.grad, W2.grad
+
+
+def close(test, what, got, ref):
+    got, ref = got.double(), ref.double()
+    scale = ref.abs().max().item()
+    err = (got - ref).abs()
+    bad = int((err > scale / 32 + 1e-30).sum())
+    l2 = (err.norm() / ref.norm()).item() if ref.norm() > 0 else err.norm().item()
+    test.assertTrue(torch.isfinite(got).all(), f"{what}: non-finite values")
+    test.assertEqual(bad, 0, f"{what}: {bad} elements off (max |ref| {scale:.4g}, worst {err.max().item():.4g})")
+    test.assertLessEqual(l2, 1.5e-2, f"{what}: relative L2 {l2:.3g}")
+
+
+class MockRanks(unittest.TestCase):
+    def run_world(self, world, E, k, H, Fd, T, seed, drop=False, policy="preact"):
+        w1, w2, ranks = make_case(world, E, k, H, Fd, T, seed, drop)
+        comms = epmoe.mock_world(world, 30.0)
+        el = E // world
+        results, errors = [None] * world, [None] * world
+
+        def rank_main(r):
+            try:
+                moe = epmoe.MoE(E, k, H, Fd, comms[r], save_policy=policy)
+                with torch.no_grad():
+                    moe.w1.copy_(w1[r * el:(r + 1) * el])
+                    moe.w2.copy_(w2[r * el:(r + 1) * el])
+                x, ids, wts, dy = ranks[r]
+                x = x.clone().requires_grad_()
+                wts = wts.clone().requires_grad_()
+                y = moe(x, ids, wts)
+                y.backward(dy)
+                results[r] = (y.detach(), x.grad, wts.grad, moe.w1.grad, moe.w2.grad)
+            except Exception as e:  # reported below, per rank
+                errors[r] = e
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for r, e in enumerate(errors):
+            self.assertIsNone(e, f"rank {r}: {e}")
+        ref_ranks, dw1, dw2 = reference(w1, w2, ranks)
+        for r in range(world):
+            _, dx, dwts, g1, g2 = results[r]
+            tag = f"world {world} rank {r}"
+            close(self, f"{tag} x.grad", dx, ref_ranks[r][0])
+            close(self, f"{tag} topk_weights.grad", dwts, ref_ranks[r][1])
+            close(self, f"{tag} w1.grad", g1, dw1[r * el:(r + 1) * el])
+            close(self, f"{tag} w2.grad", g2, dw2[r * el:(r + 1) * el])
+            if drop:
+                self.assertTrue((dwts[ranks[r][1] < 0] == 0).all(), f"{tag}: dropped slots need d = 0")
+
+    def test_world1(self):
+        self.run_world(1, 8, 2, 128, 128, 40, 11)
+
+    def test_world2_recompute(self):
+        self.run_world(2, 8, 2, 128, 256, 32, 12, policy="recompute")
+
+    def test_world4_drops(self):
+        self.run_world(4, 16, 4, 128, 128, 24, 13, drop=True)
+
+    def test_bad_policy(self):
+        with self.assertRaises(ValueError):
+            epmoe.MoE(8, 2, 128, 128, epmoe.mock_world(1)[0], save_policy="keep-everything")
+
+
+if __name__ == "__main__":
+    unittest.main()

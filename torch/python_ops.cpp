@@ -1,0 +1,115 @@
+// The ops a Python (or any dispatcher) caller needs to make what the C++ API takes as objects:
+// communicators and layers, both as integer handles (include/epmoe/torch.h).
+//   mock_world(int world, float deadline_seconds) -> int[]   one communicator per mock rank (threads)
+//   mpi_world() -> int                                       MPI_COMM_WORLD (initialises MPI if needed)
+//   comm_info(int comm) -> int[]                             [rank, world size]
+//   release_comm(int comm) -> ()
+//   create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2,
+//                str save_policy) -> int                     collective, like MoeLayer's constructor
+//   release_layer(int layer) -> ()
+#include <torch/library.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_map>
+
+#include "epmoe/build_config.h"
+#include "epmoe/error.h"
+#include "epmoe/torch.h"
+#if EPMOE_WITH_MPI
+#include "epmoe/mpi_communicator.h"
+#endif
+
+namespace epmoe::torch_ext {
+namespace {
+
+std::mutex comm_mu;
+int64_t comm_next = 0;
+std::unordered_map<int64_t, std::shared_ptr<Communicator>>& comms() {
+  static std::unordered_map<int64_t, std::shared_ptr<Communicator>> m;
+  return m;
+}
+int64_t add_comm(std::shared_ptr<Communicator> c) {
+  std::lock_guard<std::mutex> lock(comm_mu);
+  comms()[++comm_next] = std::move(c);
+  return comm_next;
+}
+std::shared_ptr<Communicator> comm_of(int64_t h) {
+  std::lock_guard<std::mutex> lock(comm_mu);
+  const auto it = comms().find(h);
+  EPMOE_CHECK(it != comms().end(), ErrorCode::invalid_argument, "epmoe torch ops: no communicator with handle ", h);
+  return it->second;
+}
+
+std::vector<int64_t> mock_world_op(int64_t world, double deadline) {
+  EPMOE_CHECK(world > 0 && world <= 1024, ErrorCode::invalid_argument, "mock_world: world ", world);
+  std::vector<int64_t> h;
+  for (auto& c : make_mock_world(int(world), deadline)) h.push_back(add_comm(std::move(c)));
+  return h;
+}
+
+int64_t mpi_world_op() {
+#if EPMOE_WITH_MPI
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    std::atexit([] {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    });
+  }
+  return add_comm(make_mpi_communicator(MPI_COMM_WORLD));
+#else
+  EPMOE_FAIL(ErrorCode::unsupported, "mpi_world: this build of epmoe has no MPI");
+#endif
+}
+
+std::vector<int64_t> comm_info_op(int64_t h) {
+  const std::shared_ptr<Communicator> c = comm_of(h);
+  return {c->rank(), c->world_size()};
+}
+
+void release_comm_op(int64_t h) {
+  std::shared_ptr<Communicator> keep;
+  std::lock_guard<std::mutex> lock(comm_mu);
+  const auto it = comms().find(h);
+  if (it == comms().end()) return;
+  keep = std::move(it->second);
+  comms().erase(it);
+}
+
+int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
+                        const at::Tensor& w1, const at::Tensor& w2, c10::string_view save_policy) {
+  const std::shared_ptr<Communicator> c = comm_of(comm);
+  MoeConfig cfg;
+  cfg.num_experts = int(num_experts), cfg.top_k = int(top_k), cfg.hidden = int(hidden), cfg.ffn = int(ffn);
+  cfg.world_size = c->world_size(), cfg.rank = c->rank();
+  LayerOptions opt;
+  const std::string p(save_policy);
+  EPMOE_CHECK(p == "preact" || p == "recompute", ErrorCode::invalid_argument,
+              "create_layer: save_policy must be 'preact' or 'recompute', got '", p, "'");
+  opt.save_policy = p == "preact" ? SavePolicy::rows_and_preactivation : SavePolicy::rows_recompute;
+  EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
+              "create_layer: w1 and w2 must be contiguous");
+  return register_layer(std::make_shared<MoeLayer>(cfg, ExpertWeights{view_of(w1), view_of(w2)}, c, opt));
+}
+
+void release_layer_op(int64_t h) { release_layer(h); }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(epmoe, m) {
+  m.def("mock_world(int world, float deadline_seconds) -> int[]", mock_world_op);
+  m.def("mpi_world() -> int", mpi_world_op);
+  m.def("comm_info(int comm) -> int[]", comm_info_op);
+  m.def("release_comm(int comm) -> ()", release_comm_op);
+  m.def("create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2, "
+        "str save_policy) -> int",
+        create_layer_op);
+  m.def("release_layer(int layer) -> ()", release_layer_op);
+}
+
+}  // namespace epmoe::torch_ext
