@@ -484,6 +484,27 @@ std::shared_ptr<Communicator> make_nccl_communicator_single(const NcclCommOption
   return init_nonblocking(id, 0, 1, device, opt.deadline_seconds);
 }
 
+std::vector<uint8_t> make_nccl_unique_id() {
+  ncclUniqueId id;
+  const ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) fail_nccl(r, "ncclGetUniqueId");
+  return std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(&id), reinterpret_cast<const uint8_t*>(&id) + sizeof(id));
+}
+
+std::shared_ptr<Communicator> make_nccl_communicator_from_unique_id(const std::vector<uint8_t>& bytes, int rank,
+                                                                    int world, const NcclCommOptions& opt) {
+  disable_nvls();
+  check_options(opt);
+  EPMOE_CHECK(bytes.size() == sizeof(ncclUniqueId), ErrorCode::invalid_argument, "NCCL unique id of ", bytes.size(),
+              " bytes, expected ", sizeof(ncclUniqueId));
+  EPMOE_CHECK(world > 0 && rank >= 0 && rank < world, ErrorCode::invalid_argument, "rank ", rank, " of world ", world);
+  const int device = opt.device >= 0 ? checked_device(opt.device) : select_local_device();
+  EPMOE_CUDA_CHECK(cudaSetDevice(device));
+  ncclUniqueId id;
+  std::memcpy(&id, bytes.data(), sizeof(id));
+  return init_nonblocking(id, rank, world, device, opt.deadline_seconds);
+}
+
 // The caller's communicator must be fully initialized; we only read its rank, size and device.
 std::shared_ptr<Communicator> make_nccl_communicator_borrowed(ncclComm_t comm, const NcclCommOptions& opt) {
   disable_nvls();  // too late for `comm` itself, but not for communicators the process makes later

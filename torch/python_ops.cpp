@@ -2,6 +2,8 @@
 // communicators and layers, both as integer handles (include/epmoe/torch.h).
 //   mock_world(int world, float deadline_seconds) -> int[]   one communicator per mock rank (threads)
 //   mpi_world() -> int                                       MPI_COMM_WORLD (initialises MPI if needed)
+//   nccl_unique_id() -> Tensor                               uint8 [128], made on rank 0
+//   nccl_world(Tensor unique_id, int rank, int world, int device, float deadline_seconds) -> int
 //   comm_info(int comm) -> int[]                             [rank, world size]
 //   release_comm(int comm) -> ()
 //   create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2,
@@ -10,6 +12,7 @@
 #include <torch/library.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -18,6 +21,9 @@
 #include "epmoe/torch.h"
 #if EPMOE_WITH_MPI
 #include "epmoe/mpi_communicator.h"
+#endif
+#if EPMOE_WITH_NCCL
+#include "epmoe/nccl_communicator.h"
 #endif
 
 namespace epmoe::torch_ext {
@@ -72,6 +78,31 @@ std::vector<int64_t> comm_info_op(int64_t h) {
   return {c->rank(), c->world_size()};
 }
 
+// NCCL bootstrapped through the caller's channel (python/epmoe: a torch.distributed broadcast).
+at::Tensor nccl_unique_id_op() {
+#if EPMOE_WITH_NCCL
+  const std::vector<uint8_t> id = make_nccl_unique_id();
+  at::Tensor t = at::empty({int64_t(id.size())}, at::kByte);
+  std::memcpy(t.data_ptr(), id.data(), id.size());
+  return t;
+#else
+  EPMOE_FAIL(ErrorCode::unsupported, "nccl_unique_id: this build of epmoe has no NCCL");
+#endif
+}
+
+int64_t nccl_world_op(const at::Tensor& unique_id, int64_t rank, int64_t world, int64_t device, double deadline) {
+#if EPMOE_WITH_NCCL
+  const at::Tensor u = unique_id.to(at::kCPU).to(at::kByte).contiguous();
+  const std::vector<uint8_t> id(u.data_ptr<uint8_t>(), u.data_ptr<uint8_t>() + u.numel());
+  NcclCommOptions opt;
+  opt.device = int(device);
+  opt.deadline_seconds = deadline;
+  return add_comm(make_nccl_communicator_from_unique_id(id, int(rank), int(world), opt));
+#else
+  EPMOE_FAIL(ErrorCode::unsupported, "nccl_world: this build of epmoe has no NCCL");
+#endif
+}
+
 void release_comm_op(int64_t h) {
   std::shared_ptr<Communicator> keep;
   std::lock_guard<std::mutex> lock(comm_mu);
@@ -104,6 +135,8 @@ void release_layer_op(int64_t h) { release_layer(h); }
 TORCH_LIBRARY_FRAGMENT(epmoe, m) {
   m.def("mock_world(int world, float deadline_seconds) -> int[]", mock_world_op);
   m.def("mpi_world() -> int", mpi_world_op);
+  m.def("nccl_unique_id() -> Tensor", nccl_unique_id_op);
+  m.def("nccl_world(Tensor unique_id, int rank, int world, int device, float deadline_seconds) -> int", nccl_world_op);
   m.def("comm_info(int comm) -> int[]", comm_info_op);
   m.def("release_comm(int comm) -> ()", release_comm_op);
   m.def("create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2, "

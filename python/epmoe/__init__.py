@@ -15,7 +15,7 @@ import os
 
 import torch
 
-__all__ = ["load_library", "Communicator", "mock_world", "mpi_world", "MoE"]
+__all__ = ["load_library", "Communicator", "mock_world", "mpi_world", "from_process_group", "MoE"]
 
 _loaded = None
 
@@ -61,6 +61,33 @@ def mpi_world():
     """MPI_COMM_WORLD (under mpirun; MPI is initialised if it is not yet)."""
     load_library()
     return Communicator(torch.ops.epmoe.mpi_world())
+
+
+def from_process_group(group=None, device=None, deadline_seconds=300.0):
+    """A communicator over the ranks of a torch.distributed group (collective over it).
+
+    NCCL groups: a new NCCL communicator of our own (our deadlines and abort), bootstrapped by
+    broadcasting a unique id through the group; `device` defaults to torch.cuda.current_device().
+    CPU groups (gloo, mpi): MPI_COMM_WORLD when the process runs under mpirun with the group spanning
+    the whole world in rank order; otherwise use mock_world() (threads) or mpi_world() directly."""
+    import torch.distributed as dist
+    load_library()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    backend = str(dist.get_backend(group)).lower()
+    if backend == "nccl":
+        dev = torch.cuda.current_device() if device is None else int(device)
+        uid = torch.ops.epmoe.nccl_unique_id() if rank == 0 else torch.zeros(128, dtype=torch.uint8)
+        uid = uid.to(f"cuda:{dev}")
+        src = dist.get_global_rank(group, 0) if group is not None and hasattr(dist, "get_global_rank") else 0
+        dist.broadcast(uid, src=src, group=group)
+        return Communicator(torch.ops.epmoe.nccl_world(uid.cpu(), rank, world, dev, float(deadline_seconds)))
+    mpi_size = os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ.get("PMI_SIZE")
+    mpi_rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ.get("PMI_RANK")
+    if mpi_size is None or int(mpi_size) != world or int(mpi_rank) != rank:
+        raise RuntimeError(f"from_process_group: a {backend} group of {world} ranks maps to MPI only under mpirun "
+                           f"with the group spanning the world in rank order (MPI world {mpi_size}, rank {mpi_rank}, "
+                           f"group rank {rank}); use epmoe.mpi_world() or epmoe.mock_world() instead")
+    return mpi_world()
 
 
 class MoE(torch.nn.Module):

@@ -8,7 +8,9 @@
 #pragma once
 #include <nccl.h>
 
+#include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "epmoe/build_config.h"
 #include "epmoe/communicator.h"
@@ -27,6 +29,12 @@ struct NcclCommOptions {
 // Collective over `mpi_comm`: one rank per GPU. Sets the current device.
 std::shared_ptr<Communicator> make_nccl_communicator_from_mpi(MPI_Comm mpi_comm, const NcclCommOptions& opt = {});
 #endif
+// Bootstrap through any channel the caller has (a torch.distributed broadcast, a file): rank 0 makes
+// the NCCL unique id (its bytes), every rank of the world passes the same bytes with its rank.
+// Collective over that world. Sets the current device.
+std::vector<uint8_t> make_nccl_unique_id();
+std::shared_ptr<Communicator> make_nccl_communicator_from_unique_id(const std::vector<uint8_t>& id, int rank,
+                                                                    int world, const NcclCommOptions& opt = {});
 // Borrow: `comm` stays the caller's (never destroyed here) and must outlive the communicator.
 std::shared_ptr<Communicator> make_nccl_communicator_borrowed(ncclComm_t comm, const NcclCommOptions& opt = {});
 // One rank, one GPU, no MPI: single-GPU runs and tests.
