@@ -118,6 +118,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(int64_t
   return {dx, dtw, dw1, dw2};
 }
 
+// dw1 / dw2 += the weight gradients (f32 or bf16 tensors of w1's / w2's shapes, e.g. fp32 main
+// grads); returns dx and d_topk_weights.
+std::tuple<at::Tensor, at::Tensor> backward_accumulate_impl(int64_t layer, int64_t ctx_id, const at::Tensor& dy,
+                                                            const at::Tensor& w1, const at::Tensor& w2,
+                                                            at::Tensor& dw1, at::Tensor& dw2) {
+  const std::shared_ptr<MoeLayer> L = layer_of(layer);
+  const std::shared_ptr<MoeForwardContext> ctx = contexts().get(ctx_id, "saved forward");
+  const at::Tensor dyc = dy.to(at::kBFloat16).contiguous();
+  EPMOE_CHECK(dw1.is_contiguous() && dw2.is_contiguous(), ErrorCode::invalid_argument,
+              "moe_backward_accumulate: dw1 and dw2 must be contiguous");
+  L->bind_weights(weights_of(w1, w2));
+  at::Tensor dx = at::empty_like(dyc);
+  at::Tensor dtw = at::empty({dyc.size(0), L->config().top_k}, dyc.options().dtype(at::kFloat));
+  L->backward(*ctx, view_of(dyc), view_of(dx), view_of(dtw), ExpertGradients{view_of(dw1), view_of(dw2), true},
+              stream_of(dyc));
+  return {dx, dtw};
+}
+std::tuple<at::Tensor, at::Tensor> backward_accumulate_meta(int64_t, int64_t, const at::Tensor& dy, const at::Tensor&,
+                                                            const at::Tensor&, at::Tensor&, at::Tensor&) {
+  return {at::empty_like(dy), at::empty({dy.size(0), 0}, dy.options().dtype(at::kFloat))};
+}
+
 at::Tensor moe_plain(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                      const at::Tensor& w1, const at::Tensor& w2) {
   return std::get<0>(forward_impl(layer, x, topk_ids, topk_weights, w1, w2, false));
@@ -227,6 +249,8 @@ TORCH_LIBRARY(epmoe, m) {
   m.def("moe_forward(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2, bool save) "
         "-> (Tensor, int)");
   m.def("moe_backward(int layer, int ctx, Tensor dy, Tensor w1, Tensor w2) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("moe_backward_accumulate(int layer, int ctx, Tensor dy, Tensor w1, Tensor w2, Tensor(a!) dw1, "
+        "Tensor(b!) dw2) -> (Tensor, Tensor)");
   m.def("release_context(int ctx) -> ()", release_context_op);
 }
 
@@ -234,18 +258,21 @@ TORCH_LIBRARY_IMPL(epmoe, CPU, m) {
   m.impl("moe", moe_plain);
   m.impl("moe_forward", forward_impl);
   m.impl("moe_backward", backward_impl);
+  m.impl("moe_backward_accumulate", backward_accumulate_impl);
 }
 #if EPMOE_TORCH_CUDA
 TORCH_LIBRARY_IMPL(epmoe, CUDA, m) {
   m.impl("moe", moe_plain);
   m.impl("moe_forward", forward_impl);
   m.impl("moe_backward", backward_impl);
+  m.impl("moe_backward_accumulate", backward_accumulate_impl);
 }
 #endif
 TORCH_LIBRARY_IMPL(epmoe, Meta, m) {
   m.impl("moe", moe_meta);
   m.impl("moe_forward", forward_meta);
   m.impl("moe_backward", backward_meta);
+  m.impl("moe_backward_accumulate", backward_accumulate_meta);
 }
 TORCH_LIBRARY_IMPL(epmoe, Autograd, m) { m.impl("moe", moe_autograd); }
 

@@ -107,6 +107,54 @@ INSTANTIATE_TEST_SUITE_P(
                       make_ep_case(4, 16, 4, 128, 128, 24, RoutingKind::with_drops, 0, 303)),
     [](const auto& info) { return info.param.name(); });
 
+// moe_backward_accumulate (Tensor(a!) dw1, Tensor(b!) dw2): two backwards of one saved forward add
+// twice the gradient into fp32 main grads.
+TEST(TorchOps, BackwardAccumulateAddsIntoMainGrads) {
+  const EpCase c = make_ep_case(2, 8, 2, 128, 128, 24, RoutingKind::uniform, 0, 404);
+  auto run = [&](int me, std::shared_ptr<Communicator> comm) {
+    const int E = c.E, k = c.k, H = c.hidden, F = c.ffn, El = E / c.world;
+    const int64_t T = c.tokens_of(me);
+    const ModelWeights mw = make_weights(E, H, F, c.seed);
+    const at::Tensor w1 = from_bf16(std::vector<bf16>(mw.w1_of(me * El), mw.w1_of(me * El) + size_t(El) * 2 * F * H),
+                                    {El, 2 * F, H});
+    const at::Tensor w2 = from_bf16(std::vector<bf16>(mw.w2_of(me * El), mw.w2_of(me * El) + size_t(El) * H * F),
+                                    {El, H, F});
+    const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = c.world, .rank = me};
+    const int64_t layer =
+        torch_ext::register_layer(std::make_shared<MoeLayer>(cfg, ExpertWeights{torch_ext::view_of(w1),
+                                                                                torch_ext::view_of(w2)}, comm));
+    const Routing R = routing_of(c, me);
+    const at::Tensor x = from_bf16(make_x(c.seed, me, T, H), {T, H}), dy = from_bf16(dy_of(c, me), {T, H});
+    at::Tensor ids = at::empty({T, k}, at::kInt), wts = at::empty({T, k}, at::kFloat);
+    std::memcpy(ids.data_ptr(), R.ids.data(), R.ids.size() * 4);
+    std::memcpy(wts.data_ptr(), R.weights.data(), R.weights.size() * 4);
+    auto& d = c10::Dispatcher::singleton();
+    const auto fwd = d.findSchemaOrThrow("epmoe::moe_forward", "")
+                         .typed<std::tuple<at::Tensor, int64_t>(int64_t, const at::Tensor&, const at::Tensor&,
+                                                                const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                                bool)>();
+    const auto acc = d.findSchemaOrThrow("epmoe::moe_backward_accumulate", "")
+                         .typed<std::tuple<at::Tensor, at::Tensor>(int64_t, int64_t, const at::Tensor&,
+                                                                   const at::Tensor&, const at::Tensor&, at::Tensor&,
+                                                                   at::Tensor&)>();
+    auto [y, ctx] = fwd.call(layer, x, ids, wts, w1, w2, true);
+    at::Tensor g1 = at::zeros({El, 2 * F, H}, at::kFloat), g2 = at::zeros({El, H, F}, at::kFloat);
+    auto [dx, dtw] = acc.call(layer, ctx, dy, w1, w2, g1, g2);
+    (void)acc.call(layer, ctx, dy, w1, w2, g1, g2);
+    const ReferenceGrads ref = reference_grads(c, me);
+    std::vector<double> two1(ref.dw1.size()), two2(ref.dw2.size());
+    for (size_t i = 0; i < two1.size(); ++i) two1[i] = 2 * ref.dw1[i];
+    for (size_t i = 0; i < two2.size(); ++i) two2[i] = 2 * ref.dw2[i];
+    EXPECT_TRUE(grad_close("dx", to_float(dx), ref.dx)) << "rank " << me;
+    EXPECT_TRUE(grad_close("d_topk_weights", to_float(dtw), ref.dwts)) << "rank " << me;
+    EXPECT_TRUE(grad_close("dw1 accumulated twice", to_float(g1), two1)) << "rank " << me;
+    EXPECT_TRUE(grad_close("dw2 accumulated twice", to_float(g2), two2)) << "rank " << me;
+    c10::Dispatcher::singleton().findSchemaOrThrow("epmoe::release_context", "").typed<void(int64_t)>().call(ctx);
+    torch_ext::release_layer(layer);
+  };
+  report_rank_errors(run_mock_ranks(c.world, run), "backward_accumulate");
+}
+
 TEST(TorchOps, MetaKernelsGiveShapes) {
   const at::Tensor x = at::empty({5, 128}, at::TensorOptions().dtype(at::kBFloat16).device(at::kMeta));
   const at::Tensor ids = at::empty({5, 2}, at::TensorOptions().dtype(at::kInt).device(at::kMeta));

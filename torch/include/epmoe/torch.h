@@ -10,6 +10,8 @@
 //   moe_forward(int layer, ..., bool save) -> (Tensor y, int ctx)        ctx 0 unless save
 //   moe_backward(int layer, int ctx, Tensor dy, Tensor w1, Tensor w2)
 //       -> (Tensor dx, Tensor d_topk_weights, Tensor dw1, Tensor dw2)
+//   moe_backward_accumulate(int layer, int ctx, Tensor dy, Tensor w1, Tensor w2, Tensor(a!) dw1,
+//       Tensor(b!) dw2) -> (Tensor dx, Tensor d_topk_weights)    dW added into dw1 / dw2 (f32 or bf16)
 //   release_context(int ctx) -> ()
 // with CPU kernels (and CUDA ones where the torch build has CUDA) over the torch-free core, and Meta
 // kernels (shapes only). `layer` is a handle from register_layer: a plain integer, the same in
