@@ -3,12 +3,10 @@
 #include <torch/library.h>
 #include <torch/torch.h>
 
-#include <atomic>
-#include <mutex>
-#include <unordered_map>
 
 #include "epmoe/error.h"
 #include "epmoe/torch.h"
+#include "registry.h"
 
 #if EPMOE_TORCH_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -17,37 +15,6 @@
 namespace epmoe::torch_ext {
 
 namespace {
-
-template <class T>
-class Registry {
- public:
-  int64_t add(std::shared_ptr<T> v) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const int64_t id = ++next_;
-    items_[id] = std::move(v);
-    return id;
-  }
-  std::shared_ptr<T> get(int64_t id, const char* what) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto it = items_.find(id);
-    EPMOE_CHECK(it != items_.end(), ErrorCode::invalid_argument, "epmoe torch ops: no ", what, " with handle ", id,
-                " (released, or never made)");
-    return it->second;
-  }
-  void remove(int64_t id) noexcept {
-    std::shared_ptr<T> keep;  // destroyed outside the lock
-    std::lock_guard<std::mutex> lock(mu_);
-    const auto it = items_.find(id);
-    if (it == items_.end()) return;
-    keep = std::move(it->second);
-    items_.erase(it);
-  }
-
- private:
-  std::mutex mu_;
-  int64_t next_ = 0;
-  std::unordered_map<int64_t, std::shared_ptr<T>> items_;
-};
 
 Registry<MoeLayer>& layers() {
   static Registry<MoeLayer> r;
@@ -103,18 +70,28 @@ std::tuple<at::Tensor, int64_t> forward_impl(int64_t layer, const at::Tensor& x,
   return {y, save ? contexts().add(std::move(ctx)) : int64_t(0)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(int64_t layer, int64_t ctx_id,
-                                                                         const at::Tensor& dy, const at::Tensor& w1,
-                                                                         const at::Tensor& w2) {
+// backward on the saved forward `ctx_id`; the weight gradients go to dw1 / dw2 (accumulate: added).
+std::tuple<at::Tensor, at::Tensor> run_backward(int64_t layer, int64_t ctx_id, const at::Tensor& dy,
+                                                const at::Tensor& w1, const at::Tensor& w2, const at::Tensor& dw1,
+                                                const at::Tensor& dw2, bool accumulate) {
   const std::shared_ptr<MoeLayer> L = layer_of(layer);
   const std::shared_ptr<MoeForwardContext> ctx = contexts().get(ctx_id, "saved forward");
   const at::Tensor dyc = dy.to(at::kBFloat16).contiguous();
+  EPMOE_CHECK(dw1.is_contiguous() && dw2.is_contiguous(), ErrorCode::invalid_argument,
+              "epmoe torch ops: dw1 and dw2 must be contiguous");
   L->bind_weights(weights_of(w1, w2));
   at::Tensor dx = at::empty_like(dyc);
   at::Tensor dtw = at::empty({dyc.size(0), L->config().top_k}, dyc.options().dtype(at::kFloat));
-  at::Tensor dw1 = at::empty_like(w1), dw2 = at::empty_like(w2);
-  L->backward(*ctx, view_of(dyc), view_of(dx), view_of(dtw), ExpertGradients{view_of(dw1), view_of(dw2), false},
+  L->backward(*ctx, view_of(dyc), view_of(dx), view_of(dtw), ExpertGradients{view_of(dw1), view_of(dw2), accumulate},
               stream_of(dyc));
+  return {dx, dtw};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(int64_t layer, int64_t ctx_id,
+                                                                         const at::Tensor& dy, const at::Tensor& w1,
+                                                                         const at::Tensor& w2) {
+  at::Tensor dw1 = at::empty_like(w1), dw2 = at::empty_like(w2);
+  auto [dx, dtw] = run_backward(layer, ctx_id, dy, w1, w2, dw1, dw2, /*accumulate=*/false);
   return {dx, dtw, dw1, dw2};
 }
 
@@ -123,17 +100,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_impl(int64_t
 std::tuple<at::Tensor, at::Tensor> backward_accumulate_impl(int64_t layer, int64_t ctx_id, const at::Tensor& dy,
                                                             const at::Tensor& w1, const at::Tensor& w2,
                                                             at::Tensor& dw1, at::Tensor& dw2) {
-  const std::shared_ptr<MoeLayer> L = layer_of(layer);
-  const std::shared_ptr<MoeForwardContext> ctx = contexts().get(ctx_id, "saved forward");
-  const at::Tensor dyc = dy.to(at::kBFloat16).contiguous();
-  EPMOE_CHECK(dw1.is_contiguous() && dw2.is_contiguous(), ErrorCode::invalid_argument,
-              "moe_backward_accumulate: dw1 and dw2 must be contiguous");
-  L->bind_weights(weights_of(w1, w2));
-  at::Tensor dx = at::empty_like(dyc);
-  at::Tensor dtw = at::empty({dyc.size(0), L->config().top_k}, dyc.options().dtype(at::kFloat));
-  L->backward(*ctx, view_of(dyc), view_of(dx), view_of(dtw), ExpertGradients{view_of(dw1), view_of(dw2), true},
-              stream_of(dyc));
-  return {dx, dtw};
+  return run_backward(layer, ctx_id, dy, w1, w2, dw1, dw2, /*accumulate=*/true);
 }
 std::tuple<at::Tensor, at::Tensor> backward_accumulate_meta(int64_t, int64_t, const at::Tensor& dy, const at::Tensor&,
                                                             const at::Tensor&, at::Tensor&, at::Tensor&) {

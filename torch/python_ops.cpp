@@ -13,12 +13,11 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <unordered_map>
 
 #include "epmoe/build_config.h"
 #include "epmoe/error.h"
 #include "epmoe/torch.h"
+#include "registry.h"
 #if EPMOE_WITH_MPI
 #include "epmoe/mpi_communicator.h"
 #endif
@@ -29,23 +28,12 @@
 namespace epmoe::torch_ext {
 namespace {
 
-std::mutex comm_mu;
-int64_t comm_next = 0;
-std::unordered_map<int64_t, std::shared_ptr<Communicator>>& comms() {
-  static std::unordered_map<int64_t, std::shared_ptr<Communicator>> m;
-  return m;
+Registry<Communicator>& comms() {
+  static Registry<Communicator> r;
+  return r;
 }
-int64_t add_comm(std::shared_ptr<Communicator> c) {
-  std::lock_guard<std::mutex> lock(comm_mu);
-  comms()[++comm_next] = std::move(c);
-  return comm_next;
-}
-std::shared_ptr<Communicator> comm_of(int64_t h) {
-  std::lock_guard<std::mutex> lock(comm_mu);
-  const auto it = comms().find(h);
-  EPMOE_CHECK(it != comms().end(), ErrorCode::invalid_argument, "epmoe torch ops: no communicator with handle ", h);
-  return it->second;
-}
+int64_t add_comm(std::shared_ptr<Communicator> c) { return comms().add(std::move(c)); }
+std::shared_ptr<Communicator> comm_of(int64_t h) { return comms().get(h, "communicator"); }
 
 std::vector<int64_t> mock_world_op(int64_t world, double deadline) {
   EPMOE_CHECK(world > 0 && world <= 1024, ErrorCode::invalid_argument, "mock_world: world ", world);
@@ -103,14 +91,7 @@ int64_t nccl_world_op(const at::Tensor& unique_id, int64_t rank, int64_t world, 
 #endif
 }
 
-void release_comm_op(int64_t h) {
-  std::shared_ptr<Communicator> keep;
-  std::lock_guard<std::mutex> lock(comm_mu);
-  const auto it = comms().find(h);
-  if (it == comms().end()) return;
-  keep = std::move(it->second);
-  comms().erase(it);
-}
+void release_comm_op(int64_t h) { comms().remove(h); }
 
 int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
                         const at::Tensor& w1, const at::Tensor& w2, c10::string_view save_policy) {

@@ -13,12 +13,15 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "epmoe/bf16.h"
+#include "epmoe/error.h"
+#include "epmoe/moe_layer.h"
 #include "kernels/cuda_check.cuh"
 
 #define BENCH_CUDA(call) EPMOE_CUDA_CHECK(call)
@@ -221,6 +224,32 @@ inline std::string json_num(double v) {
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// --path / --wgrad values: auto | sm90 | cublas.
+inline ExpertPath parse_expert_path(const char* flag, const std::string& v) {
+  if (v == "auto") return ExpertPath::automatic;
+  if (v == "sm90") return ExpertPath::sm90;
+  if (v == "cublas") return ExpertPath::cublas;
+  EPMOE_FAIL(ErrorCode::invalid_argument, flag, " must be auto, sm90 or cublas (got '", v, "')");
+}
+
+// main() of an MPI benchmark: MPI around run(argc, argv); an exception on any rank prints and aborts
+// the job (its peers may be waiting in a collective).
+inline int mpi_bench_main(int argc, char** argv, const char* name, int (*run)(int, char**)) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int rc = 0;
+  try {
+    rc = run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[%s] rank %d: error: %s\n", name, rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  MPI_Finalize();
+  return rc;
 }
 
 }  // namespace epmoe::bench

@@ -131,11 +131,7 @@ Options parse_args(int argc, char** argv) {
     else if (a == "--check-tokens") o.check_tokens = std::stoi(need(i));
     else if (a == "--seed") o.seed = std::stoull(need(i));
     else if (a == "--path") {
-      const std::string p = need(i);
-      if (p == "auto") o.path = epmoe::ExpertPath::automatic;
-      else if (p == "sm90") o.path = epmoe::ExpertPath::sm90;
-      else if (p == "cublas") o.path = epmoe::ExpertPath::cublas;
-      else EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "--path must be auto, sm90 or cublas (got '", p, "')");
+      o.path = parse_expert_path("--path", need(i));
     } else if (a == "--shape") {
       Shape s;
       long long t = 0;
@@ -554,18 +550,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int rc = 0;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[bench_ep] rank %d: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return epmoe::bench::mpi_bench_main(argc, argv, "bench_ep", run); }

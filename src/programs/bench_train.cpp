@@ -167,17 +167,9 @@ Options parse_args(int argc, char** argv) {
       else if (d == "f32") o.grad_dtype = DType::f32;
       else EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "--grad-dtype must be bf16 or f32 (got '", d, "')");
     } else if (a == "--path") {
-      const std::string p = need(i);
-      if (p == "auto") o.path = epmoe::ExpertPath::automatic;
-      else if (p == "sm90") o.path = epmoe::ExpertPath::sm90;
-      else if (p == "cublas") o.path = epmoe::ExpertPath::cublas;
-      else EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "--path must be auto, sm90 or cublas (got '", p, "')");
+      o.path = parse_expert_path("--path", need(i));
     } else if (a == "--wgrad") {
-      const std::string p = need(i);
-      if (p == "auto") o.wgrad = epmoe::ExpertPath::automatic;
-      else if (p == "sm90") o.wgrad = epmoe::ExpertPath::sm90;
-      else if (p == "cublas") o.wgrad = epmoe::ExpertPath::cublas;
-      else EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "--wgrad must be auto, sm90 or cublas (got '", p, "')");
+      o.wgrad = parse_expert_path("--wgrad", need(i));
     } else if (a == "-h" || a == "--help") {
       o.help = true;
     } else {
@@ -643,18 +635,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  int rc = 0;
-  try {
-    rc = run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[bench_train] rank %d: error: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
-  MPI_Finalize();
-  return rc;
-}
+int main(int argc, char** argv) { return epmoe::bench::mpi_bench_main(argc, argv, "bench_train", run); }

@@ -23,6 +23,7 @@
 
 #include "backward_case.h"
 #include "device_array.h"
+#include "single_comm.h"
 #include "ep_case.h"
 #include "epmoe/error.h"
 #include "epmoe/moe_layer.h"
@@ -34,14 +35,6 @@
 namespace epmoe::test {
 namespace {
 
-std::shared_ptr<Communicator>& comm_slot() {
-  static std::shared_ptr<Communicator> comm;
-  return comm;
-}
-std::shared_ptr<Communicator> single_comm() {
-  if (!comm_slot()) comm_slot() = make_nccl_communicator_single();
-  return comm_slot();
-}
 
 int current_device() {
   int dev = 0;
@@ -180,7 +173,7 @@ class BackwardGpu : public ::testing::TestWithParam<GpuBackwardCase> {
     if (!cuda_available(why)) GTEST_SKIP() << why;
     if (GetParam().path == ExpertPath::sm90 && !sm90_here()) GTEST_SKIP() << "sm90 path needs an sm_90a device";
   }
-  static void TearDownTestSuite() { comm_slot().reset(); }
+  static void TearDownTestSuite() { release_single_comm(); }
 };
 
 // Padded expert rows of the case's routing (world 1): each expert's pairs rounded up to the tile.
@@ -290,7 +283,7 @@ class BackwardGpuErrors : public ::testing::Test {
     std::string why;
     if (!cuda_available(why)) GTEST_SKIP() << why;
   }
-  static void TearDownTestSuite() { comm_slot().reset(); }
+  static void TearDownTestSuite() { release_single_comm(); }
 };
 
 TEST_F(BackwardGpuErrors, BadArgumentsRaiseAndTheLayerGoesOn) {

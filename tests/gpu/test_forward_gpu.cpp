@@ -24,6 +24,7 @@
 #include "test_support.h"
 
 #include "device_array.h"
+#include "single_comm.h"
 
 namespace epmoe::test {
 namespace {
@@ -40,16 +41,6 @@ namespace {
 // ~2-3x the noise these roundings produce for k <= 8 (they are independent across elements).
 constexpr Tolerance kGpuTolerance{1.0 / 32, 1.0 / 32, 1e-2};
 
-// One NCCL communicator for the suite, released in TearDownTestSuite (before exit, not in a static
-// destructor after the CUDA runtime may be gone).
-std::shared_ptr<Communicator>& comm_slot() {
-  static std::shared_ptr<Communicator> comm;
-  return comm;
-}
-std::shared_ptr<Communicator> single_comm() {
-  if (!comm_slot()) comm_slot() = make_nccl_communicator_single();
-  return comm_slot();
-}
 
 class ForwardGpu : public ::testing::Test {
  protected:
@@ -57,7 +48,7 @@ class ForwardGpu : public ::testing::Test {
     std::string why;
     if (!cuda_available(why)) GTEST_SKIP() << why;
   }
-  static void TearDownTestSuite() { comm_slot().reset(); }
+  static void TearDownTestSuite() { release_single_comm(); }
 };
 
 std::vector<ExpertPath> paths_here() {

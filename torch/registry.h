@@ -1,0 +1,43 @@
+// Internal: the torch bindings' handle registries (thread-safe; a handle is never reused).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "epmoe/error.h"
+
+namespace epmoe::torch_ext {
+
+template <class T>
+class Registry {
+ public:
+  int64_t add(std::shared_ptr<T> v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int64_t id = ++next_;
+    items_[id] = std::move(v);
+    return id;
+  }
+  std::shared_ptr<T> get(int64_t id, const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = items_.find(id);
+    EPMOE_CHECK(it != items_.end(), ErrorCode::invalid_argument, "epmoe torch ops: no ", what, " with handle ", id,
+                " (released, or never made)");
+    return it->second;
+  }
+  void remove(int64_t id) noexcept {
+    std::shared_ptr<T> keep;  // destroyed outside the lock
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = items_.find(id);
+    if (it == items_.end()) return;
+    keep = std::move(it->second);
+    items_.erase(it);
+  }
+
+ private:
+  std::mutex mu_;
+  int64_t next_ = 0;
+  std::unordered_map<int64_t, std::shared_ptr<T>> items_;
+};
+
+}  // namespace epmoe::torch_ext
