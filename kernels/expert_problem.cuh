@@ -13,6 +13,8 @@
 //   w1[E_local, 2*ffn, hidden] bf16    rows 0..ffn-1 gate, ffn..2ffn-1 up
 //   w2[E_local, hidden, ffn] bf16
 //   act[rows_capacity, ffn] bf16       workspace: bf16(silu(gate) * up)
+//   preact[rows_capacity, 2*ffn] bf16  optional (sm_90 path; null: not kept): h = [gate | up] in bf16,
+//                                      what a saving forward keeps for backward
 //   out[out_rows, hidden] bf16         accumulator, zeroed before the experts run (by the caller, or
 //                                      with zero_out by the sm_90 UP kernel itself):
 //                                      out[pair_row[i]] += pair_weight[i] * (act[i] @ w2_e^T)
@@ -37,6 +39,7 @@ struct ExpertProblem {
   const __nv_bfloat16* w1 = nullptr;
   const __nv_bfloat16* w2 = nullptr;
   __nv_bfloat16* act = nullptr;
+  __nv_bfloat16* preact = nullptr;  // (sm_90 UP: h kept for backward)
   __nv_bfloat16* out = nullptr;
   int64_t rows_capacity = 0;  // rows allocated in act/pair_* (and xs): >= padded_offsets[E_local]
   int64_t out_rows = 0;

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "gpu_engine_impl.cuh"
+#include "kernels/heuristics/backward_heuristics.h"
 #include "kernels/backward/row_pairs.cuh"
 #include "kernels/ep/combine_reduce.cuh"
 #include "kernels/ep/pack_rows.cuh"
@@ -36,8 +37,11 @@ GpuSaved::~GpuSaved() {
   int prev = -1;
   if (cudaGetDevice(&prev) == cudaSuccess && prev != device) cudaSetDevice(device);
   // Freed in stream order after the last forward or backward that used the buffers; no host wait.
-  const cudaStream_t fs = cudaStreamPerThread;
-  if (last_use) cudaStreamWaitEvent(fs, last_use, 0);
+  // The private pool frees on this thread's stream once it waited for last_use; a DeviceAllocator
+  // is given that call's own stream, as its contract asks (epmoe/device_allocator.h).
+  const bool external = pool != nullptr && pool->external();
+  const cudaStream_t fs = external ? last_stream : cudaStreamPerThread;
+  if (last_use && !external) cudaStreamWaitEvent(fs, last_use, 0);
   for (PoolBuffer* b : {&ids, &token_row, &send_token, &recv_meta, &expert, &pair_row, &pair_weight, &rows, &h})
     b->free_async(fs);
   if (last_use) cudaEventDestroy(last_use);
@@ -57,16 +61,16 @@ void GpuEngine::begin_save(Forward& f, GpuSaved& st, cudaStream_t s) {
   st.send_hdr.assign(h_hdr_, h_hdr_ + size_t(W) * hw);
   st.host_expert.assign(h_expert_, h_expert_ + 2 * size_t(El) + 1);
   const bool keep_h = st.policy == SavePolicy::rows_and_preactivation;
-  st.ids.alloc(pool_->get(), size_t(f.T * k) * 4, s);
-  st.token_row.alloc(pool_->get(), size_t(f.T) * W * 4, s);
-  st.send_token.alloc(pool_->get(), size_t(f.S) * 4, s);
-  st.recv_meta.alloc(pool_->get(), size_t(f.R * mw) * 4, s);
-  st.expert.alloc(pool_->get(), (2 * size_t(El) + 1) * 8, s);
-  st.pair_row.alloc(pool_->get(), size_t(f.P) * 4, s);
-  st.pair_weight.alloc(pool_->get(), size_t(f.P) * 4, s);
+  st.ids.alloc(*pool_, size_t(f.T * k) * 4, s);
+  st.token_row.alloc(*pool_, size_t(f.T) * W * 4, s);
+  st.send_token.alloc(*pool_, size_t(f.S) * 4, s);
+  st.recv_meta.alloc(*pool_, size_t(f.R * mw) * 4, s);
+  st.expert.alloc(*pool_, (2 * size_t(El) + 1) * 8, s);
+  st.pair_row.alloc(*pool_, size_t(f.P) * 4, s);
+  st.pair_weight.alloc(*pool_, size_t(f.P) * 4, s);
   const size_t rows_bytes = size_t(keep_h ? f.P : f.R) * H * sizeof(bf16), h_bytes = keep_h ? size_t(f.P) * 2 * F * 2 : 0;
-  st.rows.alloc(pool_->get(), rows_bytes, s);
-  if (keep_h) st.h.alloc(pool_->get(), h_bytes, s);
+  st.rows.alloc(*pool_, rows_bytes, s);
+  if (keep_h) st.h.alloc(*pool_, h_bytes, s);
   st.activation_bytes = int64_t(rows_bytes + h_bytes);
   st.bytes = st.activation_bytes + int64_t(size_t(f.T) * (k + W) * 4 + size_t(f.S) * 4 + size_t(f.R * mw) * 4 +
                                            (2 * size_t(El) + 1) * 8 + size_t(f.P) * 8);
@@ -96,17 +100,22 @@ void GpuEngine::run_experts_saving_h(const Forward& f, kernels::ExpertProblem pr
   const int64_t* cnt = h_expert_ + El + 1;
   __nv_bfloat16* xs = st.rows.as<__nv_bfloat16>();
   __nv_bfloat16* h = st.h.as<__nv_bfloat16>();
+  // The expert-sorted rows: dW1's operand in backward (and the cuBLAS UP's here).
   kernels::gather_rows_launch(recv_x_.as<__nv_bfloat16>(), f.R, cfg.hidden, pair_row_.as<int32_t>(), d_expert_off_ + El,
                               f.P, xs, s);
+  if (path == ExpertPath::sm90) {
+    // The forward's own UP also stores h (no split: the 192-row UP keeps none); the rows it covers
+    // are exactly P (the host knows the layout here), which is all st.h holds.
+    prob.preact = h;
+    prob.rows_capacity = f.P;
+    const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
+    kernels::sm90_experts_launch(prob, plan, s);
+    return;
+  }
   prob.xs = xs;
   kernels::cublas_up_launch(prob, off, cnt, h, cublas_, cublas_ptrs_, s);
   kernels::swiglu_launch(h, pair_row_.as<int32_t>(), f.P, cfg.ffn, act_.as<__nv_bfloat16>(), s);
-  if (path == ExpertPath::sm90) {
-    const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
-    kernels::sm90_down_launch(prob, plan, s, /*pdl=*/false);
-  } else {
-    kernels::cublas_down_launch(prob, off, cnt, cublas_ws_.as<__nv_bfloat16>(), cublas_, cublas_ptrs_, s);
-  }
+  kernels::cublas_down_launch(prob, off, cnt, cublas_ws_.as<__nv_bfloat16>(), cublas_, cublas_ptrs_, s);
 }
 
 void GpuEngine::backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
@@ -115,7 +124,9 @@ void GpuEngine::backward(const MoeForwardContext& ctx, const TensorView& dy, con
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_done_, 0));  // after the previous forward or backward
   CommStreamScope comm_stream(*comm_, s);
+  buffer_source_.stream = s;  // buffers this call sizes are for `s`
   const auto* st = dynamic_cast<const GpuSaved*>(ctx.state.get());
+  if (st != nullptr && st->engine == this) st->last_stream = s;  // every path below records last_use on `s`
   try {
     run_backward(ctx, dy, dx, dwts, grads, s);
   } catch (...) {
@@ -201,8 +212,20 @@ void GpuEngine::run_backward(const MoeForwardContext& ctx, const TensorView& dy,
       if (recompute) {
         kernels::gather_rows_launch(st->rows.as<__nv_bfloat16>(), R, H, pair_row, d_total, P, xs_.as<__nv_bfloat16>(), s);
         kernels::ExpertProblem up;
-        up.w1 = w1_, up.experts = El, up.hidden = H, up.ffn = F, up.xs = xs_.as<__nv_bfloat16>();
-        kernels::cublas_up_launch(up, off, cnt, b_h_.as<__nv_bfloat16>(), cublas_, cublas_ptrs_, s);
+        up.w1 = w1_, up.w2 = w2_, up.experts = El, up.hidden = H, up.ffn = F, up.xs = xs_.as<__nv_bfloat16>();
+        if (path == ExpertPath::sm90) {
+          // The saving forward's UP again (same kernel, same plan: the same h bits as the other
+          // policy keeps), gathering from the kept rows; act goes to da's buffer, which da rewrites.
+          up.x = st->rows.as<__nv_bfloat16>(), up.x_rows = R;
+          up.padded_offsets = b.padded_offsets, up.pair_row = pair_row, up.pair_weight = b.pair_weight;
+          up.rows_capacity = P;
+          up.act = b_da_.as<__nv_bfloat16>(), up.preact = b_h_.as<__nv_bfloat16>();
+          up.out = b_dxp_.as<__nv_bfloat16>(), up.out_rows = 0;  // (DOWN does not run: no out)
+          const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(up), sm90_device_, opt_.sm90_plan);
+          kernels::sm90_up_launch(up, plan, s);
+        } else {
+          kernels::cublas_up_launch(up, off, cnt, b_h_.as<__nv_bfloat16>(), cublas_, cublas_ptrs_, s);
+        }
         b.xs = xs_.as<__nv_bfloat16>();
         b.h = b_h_.as<__nv_bfloat16>();
       }
@@ -218,11 +241,13 @@ void GpuEngine::run_backward(const MoeForwardContext& ctx, const TensorView& dy,
     b.dw1_f32 = grads.dw1.dtype == DType::f32;
     b.dw2_f32 = grads.dw2.dtype == DType::f32;
     b.accumulate = grads.accumulate;
-    // dW on the sm_90 core where the path and the shapes allow (no host counts), else with cuBLAS.
-    const bool wgrad90 = opt_.weight_grad_path != ExpertPath::cublas &&
-                         (path == ExpertPath::sm90 || opt_.weight_grad_path == ExpertPath::sm90) && P > 0 &&
-                         kernels::sm90_wgrad_supported(H, F) && kernels::sm90_wgrad_supported(2 * F, H);
+    // dW: cuBLAS by default (it beat the sm_90 kernel by 2-6% of fwd+bwd, same run, 2026-12-02), the
+    // sm_90 kernel (no host counts: what a graph-captured backward needs) when asked for and the
+    // shapes allow.
+    const bool wgrad90 = opt_.weight_grad_path == ExpertPath::sm90 && P > 0 && kernels::sm90_wgrad_supported(H, F) &&
+                         kernels::sm90_wgrad_supported(2 * F, H);
     b.weight_grads = !wgrad90;
+    b.data_grads_grouped = kernels::data_grads_grouped(opt_.data_grad_grouping, P, El);
     kernels::cublas_expert_backward_launch(b, off, cnt, cublas_, cublas_ptrs_, s);
     if (wgrad90) {
       kernels::WgradProblem w2{b.dys, b.act_s, b.padded_offsets, P, El, H, F, grads.dw2.data, b.dw2_f32, b.accumulate};

@@ -74,6 +74,10 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   if (path == ExpertPath::sm90) sm90_device_ = kernels::sm90_device(device_);
 
   const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
+  // The DeviceBuffers' memory: the layer's allocator, else cudaMalloc. (Stream null until the first
+  // call: the constructor's own allocation is used by its cudaMemset on the legacy stream.)
+  buffer_source_ = BufferSource{opt.device_allocator, device_, nullptr};
+  for (DeviceBuffer* b : device_buffers()) b->bind(&buffer_source_);
   try {
     EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&side_, cudaStreamNonBlocking));
     EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&ev_done_, cudaEventDisableTiming));
@@ -84,7 +88,7 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
     // five grouped GEMMs one call runs at most (the backward's recompute, da, dx, dW2, dW1).
     EPMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
     kernels::cublas_pointer_arrays_create(cublas_ptrs_, 15 * int64_t(El));
-    pool_ = std::make_shared<MemoryPool>(device_);  // the saved contexts' memory
+    pool_ = std::make_shared<MemoryPool>(device_, opt.device_allocator);  // the saved contexts' memory
     // Fixed-size device words, one allocation, each array 256-byte aligned:
     //   status[4] send_rows[W] send_offsets[W+1] send_pairs[W*El]
     //   hdr_send[W*hw] + hdr_recv[W*hw] (adjacent: one copy brings both to the host)
@@ -125,10 +129,8 @@ void GpuEngine::destroy() noexcept {
   // Nothing of ours may still run when the memory goes.
   if (ev_done_) cudaEventSynchronize(ev_done_);
   if (side_) cudaStreamSynchronize(side_);
-  for (DeviceBuffer* b : {&fixed_, &token_row_, &send_meta_, &send_token_, &layout_ws_, &send_x_, &recv_x_,
-                          &recv_meta_, &combine_, &xs_, &act_, &pair_row_, &pair_weight_, &expert_ws_,
-                          &cublas_ws_, &b_dys_, &b_da_, &b_dh_, &b_act_s_, &b_dxp_, &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_})
-    b->release();
+  buffer_source_.stream = side_;  // (their uses are synchronized: a DeviceAllocator frees them on a stream of ours)
+  for (DeviceBuffer* b : device_buffers()) b->release();
   kernels::cublas_pointer_arrays_destroy(cublas_ptrs_);
   if (cublas_) cublasDestroy(cublas_);
   pool_.reset();  // (contexts still saved hold it on)
@@ -190,10 +192,12 @@ void GpuEngine::forward(const TensorView& x, const TensorView& ids, const Tensor
   // After the previous forward or backward (whatever stream it ran on): the buffers are shared.
   EPMOE_CUDA_CHECK(cudaStreamWaitEvent(s, ev_done_, 0));
   CommStreamScope comm_stream(*comm_, s);  // the collectives of run() order themselves on `s`
+  buffer_source_.stream = s;               // buffers this call sizes are for `s`
   std::unique_ptr<GpuSaved> saved;
   if (save != nullptr) {
     saved = std::make_unique<GpuSaved>();
     saved->device = device_;
+    saved->last_stream = s;
     EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&saved->last_use, cudaEventDisableTiming));
   }
   try {

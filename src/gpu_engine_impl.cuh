@@ -42,6 +42,9 @@ struct GpuSaved final : MoeForwardContext::State {
   PoolBuffer rows;        // bf16: xs [P, hidden] expert-sorted (rows_and_preactivation) or recv_x [R, hidden]
   PoolBuffer h;           // bf16 [P, 2 ffn] (rows_and_preactivation)
   cudaEvent_t last_use = nullptr;
+  // The stream last_use was recorded on (the last forward / backward on this context): where a
+  // DeviceAllocator is given the buffers back (set by that call, hence mutable).
+  mutable cudaStream_t last_stream = nullptr;
   std::shared_ptr<MemoryPool> pool;  // the buffers' pool, alive while they are
   ~GpuSaved() override;
 };
@@ -114,6 +117,7 @@ class GpuEngine final : public MoeLayer::Engine {
   cublasHandle_t cublas_ = nullptr;  // (created on first use by the cuBLAS path or a backward)
   kernels::CublasPointerArrays cublas_ptrs_;
   std::shared_ptr<MemoryPool> pool_;  // the saved contexts' memory
+  BufferSource buffer_source_;        // the DeviceBuffers' memory (declared before them: outlives them)
 
   DeviceBuffer fixed_;
   int64_t *d_status_ = nullptr, *d_send_rows_ = nullptr, *d_send_offsets_ = nullptr, *d_send_pairs_ = nullptr;
@@ -131,6 +135,14 @@ class GpuEngine final : public MoeLayer::Engine {
   // the backward's scratch (count-sized): dy rows expert-sorted, da, dh, act_s, dx per pair, ds per
   // pair, the row -> pair map, ds per (row, slot) on both sides
   DeviceBuffer b_dys_, b_da_, b_dh_, b_act_s_, b_dxp_, b_ds_pair_, b_row_pair_, b_ds_rows_, b_ds_back_, b_h_;
+  // Every DeviceBuffer above: bound to buffer_source_ at construction, released by destroy(). (A
+  // buffer missing here fails its first ensure(), so it cannot bypass the layer's allocator.)
+  auto device_buffers() {
+    return std::array{&fixed_,     &token_row_, &send_meta_, &send_token_, &layout_ws_, &send_x_,   &recv_x_,
+                      &recv_meta_, &combine_,   &xs_,        &act_,        &pair_row_,  &pair_weight_,
+                      &expert_ws_, &cublas_ws_, &b_dys_,     &b_da_,       &b_dh_,      &b_act_s_,  &b_dxp_,
+                      &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_};
+  }
 
   std::vector<int64_t> recv_hdr_;
   int64_t last_recv_rows_ = 0;

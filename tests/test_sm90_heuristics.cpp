@@ -14,6 +14,7 @@
 
 #include "epmoe/error.h"
 #include "epmoe/sm90_plan.h"
+#include "kernels/heuristics/backward_heuristics.h"
 #include "kernels/heuristics/sm90_heuristics.h"
 #include "kernels/sm90/schedule.cuh"
 #include "kernels/sm90/tile_config.h"
@@ -604,4 +605,32 @@ TEST(Sm90Heuristics, WorkItemBound) {
       }
 }
 
+// The backward's data-gradient GEMMs: per expert from a mean of 1024 padded rows per expert (the
+// measured crossover, backward_heuristics.h), grouped below; an explicit choice always wins.
+TEST(BackwardHeuristics, DataGradGroupingGoldenTable) {
+  using epmoe::GemmGrouping;
+  using epmoe::kernels::data_grads_grouped;
+  struct Row {
+    int64_t rows;
+    int experts;
+    bool grouped;
+  };
+  const Row table[] = {
+      {32 * 512, 32, true},     // E32 k4 T4k: 512 rows each
+      {32 * 2048, 32, false},   // E32 k4 T16k
+      {128 * 1024, 128, false}, // E128 k8 T16k
+      {8 * 1024, 8, false},     // E8 k2 T4k
+      {32 * 1023, 32, true},    // just under
+      {0, 32, true},            // nothing routed
+      {1 << 20, 0, true},       // (no experts: nothing to run)
+  };
+  for (const Row& r : table) {
+    EXPECT_EQ(data_grads_grouped(GemmGrouping::automatic, r.rows, r.experts), r.grouped)
+        << r.rows << " rows over " << r.experts << " experts";
+    EXPECT_TRUE(data_grads_grouped(GemmGrouping::grouped, r.rows, r.experts));
+    EXPECT_FALSE(data_grads_grouped(GemmGrouping::per_gemm, r.rows, r.experts));
+  }
+}
+
 }  // namespace
+

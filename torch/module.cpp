@@ -3,6 +3,7 @@
 
 #include "epmoe/error.h"
 #include "epmoe/torch.h"
+#include "registry.h"
 
 namespace epmoe::torch_ext {
 
@@ -29,7 +30,11 @@ at::Tensor MoeImpl::forward(const at::Tensor& x, const at::Tensor& topk_ids, con
     handle_ = 0;
     EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
                 "epmoe::torch_ext::Moe: w1 and w2 must be contiguous");
-    auto layer = std::make_shared<MoeLayer>(cfg_, ExpertWeights{view_of(w1), view_of(w2)}, comm_, options_);
+    // On CUDA the layer's memory comes from torch's caching allocator, unless the options name an
+    // allocator of their own.
+    LayerOptions opt = options_;
+    if (w1.is_cuda() && !opt.device_allocator) opt.device_allocator = torch_device_allocator();
+    auto layer = std::make_shared<MoeLayer>(cfg_, ExpertWeights{view_of(w1), view_of(w2)}, comm_, opt);
     handle_ = register_layer(std::move(layer));
     layer_device_ = w1.device();
   }

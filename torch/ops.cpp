@@ -1,20 +1,75 @@
 // The epmoe torch ops (include/epmoe/torch.h): registries, the CPU / CUDA / Meta kernels over the
-// torch-free core, and autograd on the Autograd key.
+// torch-free core, autograd on the Autograd key, and the device allocator CUDA layers get their
+// memory from (torch's caching allocator).
 #include <torch/library.h>
 #include <torch/torch.h>
 
+#include <mutex>
+#include <unordered_map>
 
 #include "epmoe/error.h"
 #include "epmoe/torch.h"
 #include "registry.h"
 
 #if EPMOE_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace epmoe::torch_ext {
 
 namespace {
+
+#if EPMOE_TORCH_CUDA
+// LayerOptions::device_allocator over torch's caching allocator (the contract: epmoe/
+// device_allocator.h). The layer's workspaces and saved contexts become torch blocks: counted by
+// torch.cuda.memory_allocated / max_memory_allocated, and once freed reused for torch's own
+// tensors instead of sitting in a pool of the layer's.
+//
+// A torch block belongs to the stream it was allocated on; freed, it is reused in that stream's
+// order. The layer may give a block back on another stream (a context saved on the forward's
+// stream, last used by a backward on another). Then recordStream marks the block as used there:
+// torch records an event on that stream when the block is freed and hands it out again only once
+// the event has completed (torch's own rule for a tensor used on several streams). (An event that
+// the allocation stream waits on before the free would be correct too, but would hold that
+// stream's later work behind the other stream, and needs the allocation stream still alive.)
+class TorchCachingAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes, int device, void* stream) override {
+    const auto dev = static_cast<c10::DeviceIndex>(device);
+    // torch allocates for the current stream: make it `stream` (and the device current) meanwhile.
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), dev));
+    c10::DataPtr block = c10::cuda::CUDACachingAllocator::get()->allocate(bytes);  // (throws when out of memory)
+    void* p = block.get();
+    if (p == nullptr) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    blocks_.emplace(p, Block{std::move(block), stream});
+    return p;
+  }
+  void deallocate(void* p, size_t, int device, void* stream) override {
+    Block b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = blocks_.find(p);
+      if (it == blocks_.end()) return;  // not one of ours (the layer never does this)
+      b = std::move(it->second);
+      blocks_.erase(it);
+    }
+    if (stream != b.stream)
+      c10::cuda::CUDACachingAllocator::recordStream(
+          b.data, c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device)));
+  }  // b.data frees the block here, outside the lock
+
+ private:
+  struct Block {
+    c10::DataPtr data;
+    void* stream = nullptr;  // the stream it was allocated on
+  };
+  std::mutex mu_;
+  std::unordered_map<void*, Block> blocks_;
+};
+#endif
 
 Registry<MoeLayer>& layers() {
   static Registry<MoeLayer> r;
@@ -102,9 +157,17 @@ std::tuple<at::Tensor, at::Tensor> backward_accumulate_impl(int64_t layer, int64
                                                             at::Tensor& dw1, at::Tensor& dw2) {
   return run_backward(layer, ctx_id, dy, w1, w2, dw1, dw2, /*accumulate=*/true);
 }
-std::tuple<at::Tensor, at::Tensor> backward_accumulate_meta(int64_t, int64_t, const at::Tensor& dy, const at::Tensor&,
-                                                            const at::Tensor&, at::Tensor&, at::Tensor&) {
-  return {at::empty_like(dy), at::empty({dy.size(0), 0}, dy.options().dtype(at::kFloat))};
+// Meta kernels: shapes and dtypes only (no collective runs). Sizes are SymInts, so they also trace
+// under torch.compile's dynamic shapes. d_topk_weights is [T, top_k] of the layer (a backward's
+// layer exists, also while torch.compile traces it).
+at::Tensor dtw_meta(int64_t layer, const at::Tensor& dy) {
+  return at::empty_symint({dy.sym_size(0), c10::SymInt(layer_of(layer)->config().top_k)},
+                          dy.options().dtype(at::kFloat));
+}
+std::tuple<at::Tensor, at::Tensor> backward_accumulate_meta(int64_t layer, int64_t, const at::Tensor& dy,
+                                                            const at::Tensor&, const at::Tensor&, at::Tensor&,
+                                                            at::Tensor&) {
+  return {at::empty_like(dy), dtw_meta(layer, dy)};
 }
 
 at::Tensor moe_plain(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
@@ -112,7 +175,6 @@ at::Tensor moe_plain(int64_t layer, const at::Tensor& x, const at::Tensor& topk_
   return std::get<0>(forward_impl(layer, x, topk_ids, topk_weights, w1, w2, false));
 }
 
-// Meta: shapes and dtypes only (no collective runs).
 std::tuple<at::Tensor, int64_t> forward_meta(int64_t, const at::Tensor& x, const at::Tensor&, const at::Tensor&,
                                              const at::Tensor&, const at::Tensor&, bool) {
   return {at::empty_like(x), int64_t(0)};
@@ -123,9 +185,7 @@ at::Tensor moe_meta(int64_t, const at::Tensor& x, const at::Tensor&, const at::T
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_meta(int64_t layer, int64_t, const at::Tensor& dy,
                                                                          const at::Tensor& w1, const at::Tensor& w2) {
-  (void)layer;
-  return {at::empty_like(dy), at::empty({dy.size(0), 0}, dy.options().dtype(at::kFloat)), at::empty_like(w1),
-          at::empty_like(w2)};
+  return {at::empty_like(dy), dtw_meta(layer, dy), at::empty_like(w1), at::empty_like(w2)};
 }
 
 c10::OperatorHandle op(const char* name) {
@@ -136,17 +196,18 @@ class MoeFunction : public torch::autograd::Function<MoeFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, int64_t layer, const at::Tensor& x,
                             const at::Tensor& topk_ids, const at::Tensor& topk_weights, const at::Tensor& w1,
-                            const at::Tensor& w2) {
+                            const at::Tensor& w2, bool save) {
     at::AutoDispatchBelowADInplaceOrView below;
     static const auto fwd =
         op("epmoe::moe_forward").typed<std::tuple<at::Tensor, int64_t>(int64_t, const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, const at::Tensor&,
                                                                        const at::Tensor&, bool)>();
-    auto [y, id] = fwd.call(layer, x, topk_ids, topk_weights, w1, w2, true);
+    auto [y, id] = fwd.call(layer, x, topk_ids, topk_weights, w1, w2, save);
+    if (!save) return y;  // autograd records no node for this call: no backward will come
     ctx->saved_data["layer"] = layer;
     ctx->saved_data["ctx"] = c10::make_intrusive<ContextRef>(id);
     ctx->saved_data["wts_dtype"] = int64_t(topk_weights.scalar_type());
-    ctx->saved_data["T"] = x.size(0);
+    ctx->saved_data["T"] = x.sym_size(0);  // (a SymInt: symbolic while torch.compile traces)
     ctx->save_for_backward({w1, w2});
     return y;
   }
@@ -160,18 +221,24 @@ class MoeFunction : public torch::autograd::Function<MoeFunction> {
     const int64_t layer = ctx->saved_data["layer"].toInt();
     const int64_t id = ctx->saved_data["ctx"].toCustomClass<ContextRef>()->id;
     // No gradient from above: dy = 0 (the collective must still run on every rank).
-    const at::Tensor dy = grads[0].defined()
-                              ? grads[0]
-                              : at::zeros({ctx->saved_data["T"].toInt(), saved[0].size(2)}, saved[0].options());
+    const at::Tensor dy =
+        grads[0].defined()
+            ? grads[0]
+            : at::zeros_symint({ctx->saved_data["T"].toSymInt(), saved[0].sym_size(2)}, saved[0].options());
     auto [dx, dtw, dw1, dw2] = bwd.call(layer, id, dy, saved[0], saved[1]);
     const auto wts_dtype = static_cast<at::ScalarType>(ctx->saved_data["wts_dtype"].toInt());
-    return {at::Tensor(), dx, at::Tensor(), dtw.to(wts_dtype), dw1, dw2};
+    return {at::Tensor(), dx, at::Tensor(), dtw.to(wts_dtype), dw1, dw2, at::Tensor()};
   }
 };
 
 at::Tensor moe_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                         const at::Tensor& w1, const at::Tensor& w2) {
-  return MoeFunction::apply(layer, x, topk_ids, topk_weights, w1, w2);
+  // Save for backward only where autograd records the call (Function::apply's own test): an
+  // inference forward then keeps nothing (no copies of rows and h, no context to release), and
+  // torch.compile traces it as a forward without state.
+  const bool save = at::GradMode::is_enabled() &&
+                    (x.requires_grad() || topk_weights.requires_grad() || w1.requires_grad() || w2.requires_grad());
+  return MoeFunction::apply(layer, x, topk_ids, topk_weights, w1, w2, save);
 }
 
 void release_context_op(int64_t id) { contexts().remove(id); }
@@ -184,6 +251,17 @@ int64_t register_layer(std::shared_ptr<MoeLayer> layer) {
 }
 std::shared_ptr<MoeLayer> layer_of(int64_t handle) { return layers().get(handle, "layer"); }
 void release_layer(int64_t handle) noexcept { layers().remove(handle); }
+
+std::shared_ptr<DeviceAllocator> torch_device_allocator() {
+#if EPMOE_TORCH_CUDA
+  // One for every layer (it holds no state beyond the blocks it lent); the layers and contexts
+  // holding it keep it alive past this static's own destruction at exit.
+  static const std::shared_ptr<DeviceAllocator> a = std::make_shared<TorchCachingAllocator>();
+  return a;
+#else
+  return nullptr;
+#endif
+}
 
 TensorView view_of(const at::Tensor& t) {
   EPMOE_CHECK(t.is_contiguous(), ErrorCode::invalid_argument, "epmoe torch ops: a non-contiguous tensor");

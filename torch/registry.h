@@ -1,13 +1,19 @@
-// Internal: the torch bindings' handle registries (thread-safe; a handle is never reused).
+// Internal: the torch bindings' handle registries (thread-safe; a handle is never reused), and the
+// device allocator their CUDA layers use.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 
+#include "epmoe/device_allocator.h"
 #include "epmoe/error.h"
 
 namespace epmoe::torch_ext {
+
+// LayerOptions::device_allocator for layers on CUDA tensors: torch's caching allocator (ops.cpp),
+// shared by every layer; null in a build whose torch has no CUDA.
+std::shared_ptr<DeviceAllocator> torch_device_allocator();
 
 template <class T>
 class Registry {

@@ -44,9 +44,11 @@ void cublas_expert_backward_launch(const ExpertBackwardProblem& p, const int64_t
     dw2.push_back({F, H, n, F, H, F, p.act_s + r0 * F, p.dys + r0 * H, at(p.dw2, e * w2_elems, g2)});
     dw1.push_back({H, 2 * F, n, H, 2 * F, H, p.xs + r0 * H, p.dh + r0 * 2 * F, at(p.dw1, e * w1_elems, g1)});
   }
-  cublas_grouped_gemm(handle, CublasGemmSpec{CUBLAS_OP_N, CUBLAS_OP_N}, da, ptrs, stream);
+  CublasGemmSpec data{CUBLAS_OP_N, CUBLAS_OP_N};
+  data.grouped = p.data_grads_grouped;
+  cublas_grouped_gemm(handle, data, da, ptrs, stream);
   swiglu_backward_launch(p.h, p.da, p.pair_row, p.pair_weight, off[E], F, p.dh, p.act_s, p.ds, stream);
-  cublas_grouped_gemm(handle, CublasGemmSpec{CUBLAS_OP_N, CUBLAS_OP_N}, dx, ptrs, stream);
+  cublas_grouped_gemm(handle, data, dx, ptrs, stream);
   if (!p.weight_grads) return;
   const float beta = p.accumulate ? 1.f : 0.f;
   auto wgrad = [&](bool f32) {

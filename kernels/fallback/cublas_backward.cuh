@@ -47,6 +47,7 @@ struct ExpertBackwardProblem {
   bool accumulate = false;
   // false: da, dh, ds and dx only; the caller runs the dW GEMMs (the sm_90 wgrad kernel, wgrad.cuh)
   bool weight_grads = true;
+  bool data_grads_grouped = false;  // da and dx as one grouped launch each, else one GEMM per expert
 };
 
 // host_padded_offsets[E + 1], host_counts[E]: the host's copies of the layout. `ptrs` has room for

@@ -31,7 +31,7 @@ void cublas_grouped_gemm(cublasHandle_t handle, const CublasGemmSpec& spec, cons
   EPMOE_CUBLAS_CHECK(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
   const float one = 1.f;
   const cublasStatus_t grouped = [&] {
-    if (ptrs.used + 3 * int64_t(G) > ptrs.capacity) return CUBLAS_STATUS_NOT_SUPPORTED;  // run them one by one
+    if (!spec.grouped || ptrs.used + 3 * int64_t(G) > ptrs.capacity) return CUBLAS_STATUS_NOT_SUPPORTED;  // one by one
     void** h = ptrs.host + ptrs.used;
     void** d = ptrs.device + ptrs.used;
     ptrs.used += 3 * int64_t(G);

@@ -31,6 +31,7 @@ struct CublasGemmSpec {
   cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
   cudaDataType a_type = CUDA_R_16BF, b_type = CUDA_R_16BF, c_type = CUDA_R_16BF;
   float beta = 0.f;
+  bool grouped = true;  // false: one cublasGemmEx per group
 };
 struct CublasGemmGroup {
   int m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldc = 0;

@@ -81,7 +81,8 @@ void sm90_up_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s
   check(p, plan, "sm90_up_launch");
   // The split's 192-row half needs the interleaved W1 map; where the driver rejects it every expert
   // stays on the 128-row kernel (as the plain W1 map stands in for the folded one).
-  const int split = plan.up_split && sm90::up_tall_kernel_ready(p) ? plan.split_ctas : 0;
+  // The 192-row kernel stores no h: a saving forward (p.preact) keeps every expert on 128-row tiles.
+  const int split = plan.up_split && p.preact == nullptr && sm90::up_tall_kernel_ready(p) ? plan.split_ctas : 0;
   if (plan.up_form == Sm90UpForm::pairs) sm90::launch_up_pair_kernel(p, plan, split, s);
   else sm90::launch_up_kernel(p, plan, split, s);
   if (split > 0) sm90::launch_up_tall_kernel(p, split, s);

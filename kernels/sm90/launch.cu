@@ -27,6 +27,8 @@ void check_expert_problem(const ExpertProblem& p, const char* who) {
               ErrorCode::invalid_argument, who,
               ": x, w1, w2, act and out must be non-null and 16-byte aligned (the sm_90 UP gathers from x)");
   EPMOE_CHECK(p.x_rows > 0, ErrorCode::invalid_argument, who, ": x given with x_rows = ", p.x_rows);
+  EPMOE_CHECK(p.preact == nullptr || aligned(p.preact), ErrorCode::invalid_argument, who,
+              ": preact must be 16-byte aligned");
 }
 
 int device_sm_count() {

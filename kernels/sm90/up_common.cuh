@@ -1,5 +1,6 @@
 // Pieces shared by the UP kernels (up_kernel.cu, up_pair_kernel.cu, up_tall_kernel.cu): the W1 box
-// loads of a ring stage, SwiGLU of a consumer warpgroup's accumulators, and the stores of act.
+// loads of a ring stage, SwiGLU of a consumer warpgroup's accumulators, and the stores of act (and of
+// h, for a saving forward).
 //   act[r, c] = bf16(silu(g) * u): g a gate column, u its up partner, at the same fragment position
 #pragma once
 #include <cuda.h>
@@ -54,13 +55,13 @@ __device__ __forceinline__ void swiglu_words(uint32_t (&w)[W], const float* gate
     w[j] = pack_bf16x2(silu_tanh(gate[2 * j]) * up[2 * j], silu_tanh(gate[2 * j + 1]) * up[2 * j + 1]);
 }
 
-// The 128-row tiles' staged store of consumer warpgroup c's 64 x 128 SwiGLU words: stmatrix into its
-// two 64x64 staging boxes at stg (the TMA's 128B-swizzled layout), then one thread stores them with
-// TMA to act rows [m0 + 64c, +64), columns [128 nb, +128) and the warpgroup goes on under the store;
-// the boxes are rewritten only after that store has read them (checked an item later, so no wait in
-// practice). Named barriers 1 + c.
-__device__ __forceinline__ void store_act_staged(const CUtensorMap* tm_act, uint32_t stg, const uint32_t (&words)[32],
-                                                 int c, int warp, int lane, int64_t m0, int nb) {
+// The 128-row tiles' staged store of consumer warpgroup c's 64 x 128 bf16 words (fragment order):
+// stmatrix into its two 64x64 staging boxes at stg (the TMA's 128B-swizzled layout), then one thread
+// stores them with TMA to rows [m0 + 64c, +64), columns [col0, +128) of tm's matrix and the warpgroup
+// goes on under the store; the boxes are rewritten only after that store has read them (checked at
+// the next store, so no wait in practice between items). Named barriers 1 + c.
+__device__ __forceinline__ void store_words_staged(const CUtensorMap* tm, uint32_t stg, const uint32_t (&words)[32],
+                                                   int c, int warp, int lane, int64_t m0, int col0) {
   if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
   named_barrier_sync(1 + c, 128);
   const int mi = lane >> 3, rr = lane & 7;
@@ -75,9 +76,29 @@ __device__ __forceinline__ void store_act_staged(const CUtensorMap* tm_act, uint
   named_barrier_sync(1 + c, 128);
   if ((threadIdx.x & 127) == 0) {
     const int row = int(m0) + 64 * c;
-    tma_store_2d(tm_act, stg, 128 * nb, row);
-    tma_store_2d(tm_act, stg + 8192u, 128 * nb + 64, row);
+    tma_store_2d(tm, stg, col0, row);
+    tma_store_2d(tm, stg + 8192u, col0 + 64, row);
     bulk_commit();
+  }
+}
+// act columns [128 nb, +128).
+__device__ __forceinline__ void store_act_staged(const CUtensorMap* tm_act, uint32_t stg, const uint32_t (&words)[32],
+                                                 int c, int warp, int lane, int64_t m0, int nb) {
+  store_words_staged(tm_act, stg, words, c, warp, lane, m0, 128 * nb);
+}
+
+// What a saving forward keeps for backward (ExpertProblem::preact): h = [g | u] in bf16, the gate
+// columns [128 nb, +128) and their up partners [ffn + 128 nb, +128) of warpgroup c's 64 rows, from
+// the same fp32 accumulators act came from, through the same staging boxes after act. Rows at
+// padding hold zeros (their accumulators stayed zero), as act's do.
+__device__ __forceinline__ void store_preact_staged(const CUtensorMap* tm_h, uint32_t stg, const float* acc, int c,
+                                                    int warp, int lane, int64_t m0, int nb, int ffn) {
+  uint32_t words[32];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {  // 0: gate (acc[0, 64)), 1: up (acc[64, 128))
+#pragma unroll
+    for (int j = 0; j < 32; ++j) words[j] = pack_bf16x2(acc[64 * half + 2 * j], acc[64 * half + 2 * j + 1]);
+    store_words_staged(tm_h, stg, words, c, warp, lane, m0, 128 * nb + half * ffn);
   }
 }
 

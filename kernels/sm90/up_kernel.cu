@@ -2,7 +2,8 @@
 //   x[x_rows, hidden] bf16 (rows pair_row[r]), w1[E, 2*ffn, hidden] bf16 -> act[rows_capacity, ffn] bf16
 //   act[r, c] = bf16(silu(g) * u), g = x[pair_row[r]] . w1[e, c], u = x[pair_row[r]] . w1[e, ffn + c]
 // (zero rows where pair_row[r] < 0: the segments' padding). Sm90UpForm::single and ::cluster; the
-// form for ffn % 256 == 0 is up_pair_kernel.cu.
+// form for ffn % 256 == 0 is up_pair_kernel.cu. With store_h (a saving forward, ExpertProblem::preact)
+// also h[r] = bf16([g | u]) into preact[rows_capacity, 2 ffn].
 //
 // Work item: rows [128 tile, +128) of one expert's segment (segments are multiples of 128) and act
 // columns [128j, +128). Persistent grid (one CTA per SM, or one 2-CTA cluster per SM pair) walking
@@ -37,6 +38,7 @@ inline constexpr int kUpGatherThreads = 128;
 template <bool kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_kernel(const __grid_constant__ CUtensorMap tm_w1, const __grid_constant__ CUtensorMap tm_act,
+                   const __grid_constant__ CUtensorMap tm_h, int store_h,
                    const int64_t* __restrict__ padded_offsets, int experts, int hidden, int ffn, int w1_folded,
                    const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                    int by_expert, int tail_split, int pad_halves, int split_ctas, __nv_bfloat16* __restrict__ zero_out,
@@ -134,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t words[32];
           swiglu_words(words, acc.d, acc.d + 64);
           store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, iv.nb);
+          if (store_h) store_preact_staged(&tm_h, stg, acc.d, c, warp, lane, iv.m0, iv.nb, ffn);
         }
         if ((threadIdx.x & 127) == 0) bulk_wait_all();  // act written before the CTA retires
       });
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster) cluster_sync();
 #else
   // Built for a target without sm_90a features: sm90_experts_supported() is false there.
-  (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
+  (void)store_h, (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)by_expert, (void)tail_split, (void)pad_halves, (void)split_ctas, (void)zero_out,
       (void)zero_chunks;
 #endif
@@ -158,12 +161,13 @@ void launch_up_kernel(const ExpertProblem& p, const Sm90Plan& plan, int split_ct
   bool folded = false;
   const CUtensorMap tm_w1 = make_w1_box_map(p.w1, p.experts, p.hidden, p.ffn, /*allow_folded=*/!cluster, &folded);
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);  // 64x64 store boxes
+  const CUtensorMap tm_h = p.preact ? make_matrix_map(p.preact, p.rows_capacity, 2 * int64_t(p.ffn), 64) : tm_act;
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int64_t items = sm90_work_items(tiles, p.experts, p.ffn / 128, cluster, by_expert);
   const size_t smem = dyn_smem_bytes(by_expert, p.experts, kUpStagingBytes);
   sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, items, smem, s,
-              "sm90_up_kernel", tm_w1, tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x,
-              p.x_rows, p.pair_row, by_expert ? 1 : 0, plan.tail_split ? 1 : 0, plan.up_pad_halves ? 1 : 0,
+              "sm90_up_kernel", tm_w1, tm_act, tm_h, p.preact ? 1 : 0, p.padded_offsets, p.experts, p.hidden, p.ffn,
+              folded ? 1 : 0, p.x, p.x_rows, p.pair_row, by_expert ? 1 : 0, plan.tail_split ? 1 : 0, plan.up_pad_halves ? 1 : 0,
               split_ctas, zero_out_ptr(p), zero_out_chunks(p));
 }
 

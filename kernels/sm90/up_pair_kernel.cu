@@ -1,5 +1,5 @@
 // The pair UP (Sm90UpForm::pairs, the form wherever ffn % 256 == 0): the 128-row UP's contract
-// (up_kernel.cu: x gathered through pair_row, w1 -> act = bf16(silu(gate) * up)) on 2-CTA clusters
+// (up_kernel.cu: x gathered through pair_row, w1 -> act = bf16(silu(gate) * up), and h with store_h) on 2-CTA clusters
 // whose two CTAs take the SAME row tile and the two column blocks 2jp and 2jp + 1.
 //
 // Why: each CTA gathers only its 64 rows of the A tile (half the cp.async copies and half the
@@ -57,6 +57,7 @@ __device__ __forceinline__ uint32_t pair_fwd_bytes(const PairItem& p) {
 
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_up_pair_kernel(const __grid_constant__ CUtensorMap tm_w1, const __grid_constant__ CUtensorMap tm_act,
+                   const __grid_constant__ CUtensorMap tm_h, int store_h,
                         const int64_t* __restrict__ padded_offsets, int experts, int hidden, int ffn, int w1_folded,
                         const __nv_bfloat16* __restrict__ x, int64_t x_rows, const int32_t* __restrict__ pair_row,
                         int by_expert, int tail_split, int split_ctas, __nv_bfloat16* __restrict__ zero_out,
@@ -190,12 +191,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t words[32];
           swiglu_words(words, acc.d, acc.d + 64);
           store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, iv.nb);
+          if (store_h) store_preact_staged(&tm_h, stg, acc.d, c, warp, lane, iv.m0, iv.nb, ffn);
         }
         if ((threadIdx.x & 127) == 0) bulk_wait_all();
       });
   cluster_sync();  // no CTA leaves while its peer may still copy into it or arrive on its barriers
 #else
-  (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
+  (void)store_h, (void)padded_offsets, (void)experts, (void)hidden, (void)ffn, (void)w1_folded, (void)x, (void)x_rows,
       (void)pair_row, (void)by_expert, (void)tail_split, (void)split_ctas, (void)zero_out, (void)zero_chunks;
 #endif
 }
@@ -206,12 +208,13 @@ void launch_up_pair_kernel(const ExpertProblem& p, const Sm90Plan& plan, int spl
   bool folded = false;
   const CUtensorMap tm_w1 = make_w1_box_map(p.w1, p.experts, p.hidden, p.ffn, /*allow_folded=*/true, &folded);
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
+  const CUtensorMap tm_h = p.preact ? make_matrix_map(p.preact, p.rows_capacity, 2 * int64_t(p.ffn), 64) : tm_act;
   // Its units are single row tiles with ffn / 256 column pairs each: the single-CTA item count over those.
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int64_t items = sm90_work_items(tiles, p.experts, p.ffn / 256, false, by_expert);
   const size_t smem = dyn_smem_bytes(by_expert, p.experts, kUpStagingBytes);
   sm90_launch(sm90_up_pair_kernel, /*cluster=*/true, /*pdl=*/false, items, smem, s, "sm90_up_pair_kernel", tm_w1,
-              tm_act, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row,
+              tm_act, tm_h, p.preact ? 1 : 0, p.padded_offsets, p.experts, p.hidden, p.ffn, folded ? 1 : 0, p.x, p.x_rows, p.pair_row,
               by_expert ? 1 : 0, plan.tail_split ? 1 : 0, split_ctas, zero_out_ptr(p), zero_out_chunks(p));
 }
 

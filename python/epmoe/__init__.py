@@ -94,9 +94,12 @@ class MoE(torch.nn.Module):
     """This rank's experts: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn], bf16 Parameters
     initialised U(-1/sqrt(fan_in), +1/sqrt(fan_in)) like nn.Linear (E_local = num_experts / world).
     The layer behind the ops is made on the first forward, on the Parameters' device (collective: every
-    rank's first forward), and again after they move; replaced Parameters are bound at every call."""
+    rank's first forward), and again after they move; replaced Parameters are bound at every call.
+    On CUDA its workspaces and saved activations come from torch's caching allocator (so
+    torch.cuda.memory_allocated counts them); torch_allocator=False gives the layer memory of its own
+    (cudaMalloc and a private pool) instead."""
 
-    def __init__(self, num_experts, top_k, hidden, ffn, comm, save_policy="preact"):
+    def __init__(self, num_experts, top_k, hidden, ffn, comm, save_policy="preact", torch_allocator=True):
         super().__init__()
         load_library()
         if not isinstance(comm, Communicator):
@@ -106,7 +109,7 @@ class MoE(torch.nn.Module):
         if num_experts % comm.world_size:
             raise ValueError(f"num_experts {num_experts} is not a multiple of the world size {comm.world_size}")
         self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
-        self.comm, self.save_policy = comm, save_policy
+        self.comm, self.save_policy, self.torch_allocator = comm, save_policy, bool(torch_allocator)
         e = num_experts // comm.world_size
         b1, b2 = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(ffn)
         self.w1 = torch.nn.Parameter(torch.empty(e, 2 * ffn, hidden).uniform_(-b1, b1).to(torch.bfloat16))
@@ -121,7 +124,7 @@ class MoE(torch.nn.Module):
                 self._layer = None
             self._layer = torch.ops.epmoe.create_layer(self.comm.handle, self.num_experts, self.top_k, self.hidden,
                                                        self.ffn, self.w1.detach(), self.w2.detach(),
-                                                       self.save_policy)
+                                                       self.save_policy, self.torch_allocator)
             self._layer_device = self.w1.device
 
     def forward(self, x, topk_ids, topk_weights):

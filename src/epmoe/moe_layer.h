@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "epmoe/communicator.h"
+#include "epmoe/device_allocator.h"
 #include "epmoe/moe_config.h"
 #include "epmoe/sm90_plan.h"
 #include "epmoe/tensor_view.h"
@@ -40,6 +41,10 @@ enum class ExpertPath {
   sm90,       // Hopper split pipeline (WGMMA + TMA)
 };
 
+// How a set of per-expert cuBLAS GEMMs runs: one cublasGemmGroupedBatchedEx launch, or one
+// cublasGemmEx per expert.
+enum class GemmGrouping { automatic, grouped, per_gemm };
+
 struct LayerOptions {
   ExpertPath expert_path = ExpertPath::automatic;
   int cpu_threads = 1;  // threads the CPU engine's expert compute may use
@@ -52,15 +57,24 @@ struct LayerOptions {
   // What forward(..., save) keeps for backward. Both policies give the same gradients: h is kept,
   // or recomputed, rounded to bf16.
   SavePolicy save_policy = SavePolicy::rows_and_preactivation;
-  // GPU backward: the kernels of dW1 / dW2. automatic: the sm_90 weight-gradient kernel on the sm90
-  // path where hidden and ffn are multiples of 256 (its tile), else cuBLAS; sm90 asks for the kernel
-  // (falling back to cuBLAS for a shape it does not take); cublas forces cuBLAS.
+  // GPU backward: the kernels of dW1 / dW2. automatic and cublas: cuBLAS (faster by 2-6% of fwd+bwd
+  // on the H200, docs/DECISIONS.md); sm90: the sm_90 weight-gradient kernel, which needs no host
+  // counts, where hidden and ffn are multiples of 256 (its tile), else cuBLAS.
   ExpertPath weight_grad_path = ExpertPath::automatic;
+  // GPU backward: how cuBLAS runs the data-gradient GEMMs (da = dy W2_e, dx = dh W1_e). automatic:
+  // one GEMM per expert where the experts average >= 1024 padded rows, else one grouped launch
+  // (cuBLAS's grouped kernel for these NN bf16 GEMMs is an sm_80 one on Hopper; the rule and its
+  // measurements: kernels/heuristics/backward_heuristics.h).
+  GemmGrouping data_grad_grouping = GemmGrouping::automatic;
   // Inspection hook (tests, debugging): called after the dispatch with the received rows
   // x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
   // src/ep_protocol.h) and the rows received from each rank, in host memory. The GPU engine copies
   // them to the host for it (an extra sync): leave it empty in production.
   std::function<void(const void* rows, const int32_t* meta, const std::vector<int64_t>& rows_per_rank)> on_receive;
+  // GPU engine: where its device memory (workspaces and saved contexts) comes from (epmoe/
+  // device_allocator.h states the contract). Empty: cudaMalloc and a private stream-ordered pool.
+  // The torch bindings set torch's caching allocator here for CUDA layers.
+  std::shared_ptr<DeviceAllocator> device_allocator;
 };
 
 // What the last forward did, for the programs and benchmarks.

@@ -2,7 +2,8 @@
 //
 //   mpirun -np N epmoe_bench_train [--shapes default|all|E,k,hidden,ffn,T[;...]] [--policy preact|recompute|both]
 //                                  [--grad-dtype bf16|f32] [--budget-ms 400 | --iters N] [--warmup-ms 500]
-//                                  [--path auto|sm90|cublas] [--wgrad auto|sm90|cublas] [--seed 1] [--commit REV] [--json out.json]
+//                                  [--path auto|sm90|cublas] [--wgrad auto|sm90|cublas] [--dgrad auto|grouped|per-gemm]
+//                                  [--seed 1] [--commit REV] [--json out.json]
 //
 // One rank per GPU, NCCL bootstrapped over MPI, as epmoe_bench_ep. For each shape (T tokens per rank)
 // and save policy, every rank in lockstep:
@@ -82,6 +83,7 @@ struct Options {
   uint64_t seed = 1;
   epmoe::ExpertPath path = epmoe::ExpertPath::automatic;
   epmoe::ExpertPath wgrad = epmoe::ExpertPath::automatic;  // LayerOptions::weight_grad_path
+  epmoe::GemmGrouping dgrad = epmoe::GemmGrouping::automatic;  // LayerOptions::data_grad_grouping
   std::string json, commit = "unknown";
   bool help = false;
 };
@@ -109,7 +111,8 @@ void usage(FILE* f) {
   std::fprintf(f,
                "usage: mpirun -np N epmoe_bench_train [--shapes default|all|E,k,hidden,ffn,T[;...]]\n"
                "       [--policy preact|recompute|both] [--grad-dtype bf16|f32] [--budget-ms 400 | --iters N]\n"
-               "       [--warmup-ms 500] [--path auto|sm90|cublas] [--wgrad auto|sm90|cublas] [--seed 1] [--commit REV] [--json out.json]\n"
+               "       [--warmup-ms 500] [--path auto|sm90|cublas] [--wgrad auto|sm90|cublas]\n"
+               "       [--dgrad auto|grouped|per-gemm] [--seed 1] [--commit REV] [--json out.json]\n"
                "  default: the torch baseline's five (E,k,hidden,ffn,T per rank): 32,4,2048,1024,16384;\n"
                "           32,4,2048,1024,4096; 128,8,2048,768,16384; 32,8,7168,2048,8192; 8,2,4096,14336,4096\n"
                "  all:     default + 32,4,2048,1024,128; 128,8,2048,768,8192; 256,8,7168,2048,4096\n"
@@ -170,6 +173,12 @@ Options parse_args(int argc, char** argv) {
       o.path = parse_expert_path("--path", need(i));
     } else if (a == "--wgrad") {
       o.wgrad = parse_expert_path("--wgrad", need(i));
+    } else if (a == "--dgrad") {
+      const std::string d = need(i);
+      if (d == "auto") o.dgrad = epmoe::GemmGrouping::automatic;
+      else if (d == "grouped") o.dgrad = epmoe::GemmGrouping::grouped;
+      else if (d == "per-gemm") o.dgrad = epmoe::GemmGrouping::per_gemm;
+      else EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "--dgrad must be auto, grouped or per-gemm (got '", d, "')");
     } else if (a == "-h" || a == "--help") {
       o.help = true;
     } else {
@@ -366,6 +375,7 @@ Row run_row(Context& cx, const Options& o, const Shape& s, SavePolicy policy, co
     epmoe::LayerOptions lo;
     lo.expert_path = o.path;
     lo.weight_grad_path = o.wgrad;
+    lo.data_grad_grouping = o.dgrad;
     lo.save_policy = policy;
     epmoe::MoeLayer layer(cfg, w, cx.comm, lo);
     epmoe::MoeForwardContext ctx;  // after the layer: destroyed first

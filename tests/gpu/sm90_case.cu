@@ -325,13 +325,17 @@ void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan_override, Case
     EPMOE_CUDA_CHECK(cudaMemcpy(d_pw.p, L.x.pair_weight.data(), size_t(total) * 4, cudaMemcpyHostToDevice));
   }
   EPMOE_CUDA_CHECK(cudaMemset(d_act.p, 0xFF, d_act.bytes()));  // bf16 0xFFFF = NaN
+  DevBuf<uint16_t> d_h(cs.keep_preact ? size_t(cap) * 2 * F : 0);
+  if (cs.keep_preact) EPMOE_CUDA_CHECK(cudaMemset(d_h.p, 0xFF, d_h.bytes()));
   EPMOE_CUDA_CHECK(cudaMemset(d_out.p, 0xFF, d_out.bytes()));  // the pipeline zeroes it
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
-  const ExpertProblem p = epmoe::kernels::make_expert_problem(
+  const ExpertProblem p0 = epmoe::kernels::make_expert_problem(
       {reinterpret_cast<const __nv_bfloat16*>(d_w1.p), reinterpret_cast<const __nv_bfloat16*>(d_w2.p), E, H, F},
       reinterpret_cast<const __nv_bfloat16*>(d_x.p), T, {d_offs.p, d_prow.p, d_pw.p, cap},
       reinterpret_cast<__nv_bfloat16*>(d_act.p), reinterpret_cast<__nv_bfloat16*>(d_out.p), T, cs.zero_out);
+  ExpertProblem p = p0;
+  p.preact = cs.keep_preact ? reinterpret_cast<__nv_bfloat16*>(d_h.p) : nullptr;
   epmoe::Sm90Plan plan;
   try {
     plan = epmoe::kernels::sm90_plan_for(p, plan_override);
@@ -419,6 +423,46 @@ void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan_override, Case
       }
     }
     EXPECT_EQ(act_bad, 0) << "act numeric mismatches";
+
+    // h (keep_preact): every row below the total written (no NaN poison), padding rows zero, and real
+    // rows' g and u against fp64 dot products. Tolerance: bf16 rounding of an fp32 sum of H
+    // products (|ref| / 256 rounding, doubled for the fp32 accumulation order), plus 1e-3 of the
+    // row's rms for entries near zero.
+    if (cs.keep_preact) {
+      const RowFetcher hf(d_h, 2 * F, total);
+      int64_t h_nan = 0, h_pad = 0, h_bad = 0;
+      for (int64_t r : rows) {
+        const std::vector<uint16_t> hv = hf.row(r);
+        for (int c = 0; c < 2 * F; ++c) {
+          if (std::isnan(bf16::to_float(hv[c]))) ++h_nan;
+          if (L.x.pair_row[size_t(r)] < 0 && hv[c] != 0 && hv[c] != 0x8000) ++h_pad;
+        }
+      }
+      for (int64_t r : real) {
+        const int e = L.row_expert[size_t(r)];
+        const std::vector<bf16> xr = host_x_row(xseed, L.x.pair_row[size_t(r)], H);
+        const std::vector<uint16_t> hv = hf.row(r);
+        std::vector<double> ref(2 * size_t(F));
+        double ss = 0;
+        for (int c = 0; c < 2 * F; ++c) {
+          const bf16* wr = &w1[(size_t(e) * 2 * F + c) * H];
+          double acc = 0;
+          for (int i = 0; i < H; ++i) acc += double(xr[i].f()) * wr[i].f();
+          ref[size_t(c)] = acc;
+          ss += acc * acc;
+        }
+        const double rms = std::sqrt(ss / (2 * F));
+        for (int c = 0; c < 2 * F; ++c) {
+          const double got = bf16::to_float(hv[c]);
+          if (!(std::fabs(got - ref[size_t(c)]) <= std::fabs(ref[size_t(c)]) / 128.0 + 1e-3 * rms) && h_bad++ < 5)
+            ADD_FAILURE() << "h[" << r << "][" << c << "] = " << got << " want " << ref[size_t(c)] << " (expert " << e
+                          << ")";
+        }
+      }
+      EXPECT_EQ(h_nan, 0) << "h elements left unwritten (NaN poison) below padded_total";
+      EXPECT_EQ(h_pad, 0) << "padding rows of h must be zero";
+      EXPECT_EQ(h_bad, 0) << "h numeric mismatches";
+    }
   }
 
   // ---- out: no poison (NaN) left anywhere when it is small enough to scan (a missed zeroing, e.g.

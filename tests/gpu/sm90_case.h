@@ -90,6 +90,8 @@ struct Case {
   bool zero_out = false;
   // rows_capacity at least this (the catalog cases: the capacity of the catalog's shape).
   int64_t min_capacity = 0;
+  // true: ExpertProblem::preact - UP also stores h = [g | u] (a saving forward), checked like act.
+  bool keep_preact = false;
 };
 
 // What a case's layout gives the split rule, on the host (the UP always gathers from x; no test
@@ -115,6 +117,10 @@ void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan = {}, CaseStat
 
 inline Case zero_in_up(Case c) {
   c.zero_out = true;
+  return c;
+}
+inline Case keeping_preact(Case c) {
+  c.keep_preact = true;
   return c;
 }
 inline Case with(Case c, int seed, Mode mode = Mode::experts_launch) {

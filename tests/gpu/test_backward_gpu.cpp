@@ -52,7 +52,8 @@ struct GpuLayer {
   MoeConfig cfg;
   std::unique_ptr<Dev<bf16>> w1, w2;
   std::unique_ptr<MoeLayer> layer;
-  GpuLayer(const EpCase& c, ExpertPath path, SavePolicy policy) {
+  GpuLayer(const EpCase& c, ExpertPath path, SavePolicy policy, ExpertPath wgrad = ExpertPath::automatic,
+           GemmGrouping dgrad = GemmGrouping::automatic) {
     cfg = MoeConfig{.num_experts = c.E, .top_k = c.k, .hidden = c.hidden, .ffn = c.ffn, .world_size = 1, .rank = 0};
     const ModelWeights mw = make_weights(c.E, c.hidden, c.ffn, c.seed);
     w1 = std::make_unique<Dev<bf16>>(mw.w1);
@@ -60,6 +61,8 @@ struct GpuLayer {
     LayerOptions opt;
     opt.expert_path = path;
     opt.save_policy = policy;
+    opt.weight_grad_path = wgrad;
+    opt.data_grad_grouping = dgrad;
     layer = std::make_unique<MoeLayer>(
         cfg,
         ExpertWeights{dview(w1->get(), DType::bf16, {c.E, 2 * int64_t(c.ffn), c.hidden}),
@@ -159,9 +162,13 @@ struct GpuBackwardCase {
   ExpertPath path = ExpertPath::cublas;
   SavePolicy policy = SavePolicy::rows_and_preactivation;
   DType grads = DType::f32;
+  ExpertPath wgrad = ExpertPath::automatic;        // LayerOptions::weight_grad_path
+  GemmGrouping dgrad = GemmGrouping::automatic;    // LayerOptions::data_grad_grouping
   std::string name() const {
     return ep.name() + (path == ExpertPath::sm90 ? "_sm90" : "_cublas") +
-           (policy == SavePolicy::rows_recompute ? "_recompute" : "_saveh") + (grads == DType::bf16 ? "_bf16" : "_f32");
+           (policy == SavePolicy::rows_recompute ? "_recompute" : "_saveh") + (grads == DType::bf16 ? "_bf16" : "_f32") +
+           (wgrad == ExpertPath::sm90 ? "_wgrad90" : wgrad == ExpertPath::cublas ? "_wgradcublas" : "") +
+           (dgrad == GemmGrouping::grouped ? "_grouped" : dgrad == GemmGrouping::per_gemm ? "_pergemm" : "");
   }
 };
 void PrintTo(const GpuBackwardCase& c, std::ostream* os) { *os << c.name(); }
@@ -189,7 +196,7 @@ int64_t padded_pairs(const EpCase& c) {
 
 TEST_P(BackwardGpu, GradientsMatchReference) {
   const GpuBackwardCase& c = GetParam();
-  GpuLayer L(c.ep, c.path, c.policy);
+  GpuLayer L(c.ep, c.path, c.policy, c.wgrad, c.dgrad);
   const DeviceInputs in(c.ep);
   const HostGrads g = run_pass(L, in, c.grads);
   const ReferenceGrads ref = reference_grads(c.ep, 0);
@@ -217,7 +224,8 @@ TEST_P(BackwardGpu, GradientsMatchReference) {
   // The same bits again, and under the other policy (h recomputed by the same GEMM on the same rows).
   EXPECT_TRUE(same_bits(run_pass(L, in, c.grads), g)) << tag << ": a second forward + backward differs";
   GpuLayer other(c.ep, c.path,
-                 c.policy == SavePolicy::rows_recompute ? SavePolicy::rows_and_preactivation : SavePolicy::rows_recompute);
+                 c.policy == SavePolicy::rows_recompute ? SavePolicy::rows_and_preactivation : SavePolicy::rows_recompute,
+                 c.wgrad, c.dgrad);
   EXPECT_TRUE(same_bits(run_pass(other, in, c.grads), g)) << tag << ": the other save policy differs";
 
   // Accumulate: dW = prefill + this gradient (fp32 epilogue of the GEMM: one rounding of the sum; bf16
@@ -269,6 +277,22 @@ std::vector<GpuBackwardCase> cases() {
     v.push_back(gcase(8, 2, 128, 128, 1, RK::uniform, p, A, DType::f32));  // T = 1
     v.push_back(gcase(8, 2, 128, 128, 0, RK::uniform, p, B, DType::bf16));  // T = 0
     v.push_back(gcase(8, 2, 1024, 512, 256, RK::uniform, p, A, DType::f32));
+  }
+  // Each dW kernel and each grouping of the data-gradient GEMMs, whatever the automatic rules pick.
+  for (ExpertPath w : {ExpertPath::sm90, ExpertPath::cublas}) {
+    for (SavePolicy pol : {A, B}) {
+      GpuBackwardCase c = gcase(16, 4, 512, 256, 333, RK::zipf, ExpertPath::sm90, pol, DType::bf16);
+      c.wgrad = w;
+      v.push_back(c);
+    }
+  }
+  for (GemmGrouping d : {GemmGrouping::grouped, GemmGrouping::per_gemm}) {
+    GpuBackwardCase c = gcase(16, 4, 512, 256, 333, RK::with_drops, ExpertPath::sm90, A, DType::f32);
+    c.dgrad = d;
+    v.push_back(c);
+    c = gcase(8, 2, 256, 256, 150, RK::zipf, ExpertPath::cublas, B, DType::f32);
+    c.dgrad = d;
+    v.push_back(c);
   }
   return v;
 }

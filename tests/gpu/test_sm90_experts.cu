@@ -226,6 +226,23 @@ TEST(Sm90Experts, HalfTileE4K2H640F768T300) { run_case({4, 2, 640, 768, 300, Rou
 // Many tiles, small dims.
 TEST(Sm90Experts, LargeTE16K2H256F256T65536) { run_case({16, 2, 256, 256, 65536, Route::uniform, 5000, 64}); }
 // The pieces launched separately (no PDL) and the CUDA-graph form (side-stream zeroing, replayed).
+// A saving forward's UP also stores h (ExpertProblem::preact): each 128-row form (pairs where ffn % 256
+// == 0, single, cluster), skew, drops and the tile edges; a plan that splits runs no 192-row UP then.
+TEST(Sm90Experts, KeepsPreactPairsZipfE32K4H2048F1024T4096) {
+  run_case(keeping_preact({32, 4, 2048, 1024, 4096, Route::zipf, 1000, 48}));
+}
+TEST(Sm90Experts, KeepsPreactSingleTileEdgesE16H1024F768) {
+  run_case(keeping_preact({16, 1, 1024, 768, 16 * 128, Route::tile_edges, 0, 48}),
+           parse_sm90_plan_override("up=single,pad=up"));
+}
+TEST(Sm90Experts, KeepsPreactClusterDropsE16K4H2048F1024T777) {
+  run_case(keeping_preact({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}), parse_sm90_plan_override("up=cluster"));
+}
+TEST(Sm90Experts, KeepsPreactSplitPlanE8K4H7168F2048T512) {
+  run_case(keeping_preact({8, 4, 7168, 2048, 512, Route::zipf, 0, 12}),
+           parse_sm90_plan_override("order=expert,split=up,split_ctas=1"));
+}
+
 TEST(Sm90Experts, SeparateNoPdl) {
   Case c{16, 4, 2048, 1024, 2048, Route::zipf, 256, 32};
   c.mode = Mode::separate_no_pdl;

@@ -40,7 +40,7 @@ def make_case(world, E, k, H, Fd, T, seed, drop=False):
 
 
 def reference(w1, w2, ranks):
-    """fp64 autograd through a per-expert loop: per rank (dx, dwts), and the global (dW1, dW2)."""
+    """fp64 autograd through a per-expert loop: per rank (dx, dwts, y), and the global (dW1, dW2)."""
     W1 = w1.double().requires_grad_()
     W2 = w2.double().requires_grad_()
     out = []
@@ -57,7 +57,7 @@ def reference(w1, w2, ranks):
             o = (F.silu(gate) * up) @ W2[e].t()
             y = y.index_add(0, t, o * wd[t, j].unsqueeze(1))
         y.backward(dy.double())
-        out.append((xd.grad, wd.grad))
+        out.append((xd.grad, wd.grad, y.detach()))
     return out, W1.grad, W2.grad
 
 
