@@ -10,6 +10,7 @@
 #   torch          ctest -L torch                  (the libtorch bindings against the machine's torch:
 #                                                   mock ranks, CUDA tensors, opcheck, torch.compile)
 #   mpi            ctest -L mpi                    (np 2 GPU suites with >= 2 GPUs; with 1 GPU, -LE gpu)
+#   train          mpirun epmoe_train (the main job's training step), 100 steps at E=32 k=4 2048/1024
 #   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad*:
 #                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
 #   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
@@ -200,6 +201,17 @@ stage_run() {
     -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH "$BUILD/src/programs/epmoe_run" --tokens 4096 --hidden 2048 \
     --ffn 1024 --check-tokens 16
   KEY_FIG=$(grep -o 'max error vs dense reference: .*' "$CUR_LOG" | head -1)
+}
+
+# The main job's training step (epmoe_train) on the GPUs present: loss, tokens/s, TFLOP/s.
+stage_train() {
+  local np=$(( NGPU >= 2 ? 2 : 1 )) bin=$BUILD/src/programs/epmoe_train
+  [[ -x $bin ]] || { KEY_FIG="no $bin (built only with the torch bindings)"; return 1; }
+  tmo --max 200 mpirun -np "$np" --bind-to none -x NCCL_NVLS_ENABLE -x TORCH_SYMM_MEM_DISABLE_MULTICAST \
+    -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH "$bin" --tokens 8192 --hidden 2048 --ffn 1024 --experts 32 \
+    --topk 4 --steps 100 --log-every 10 --json "$LOGS/train.json"
+  KEY_FIG=$(grep -E '^# final' "$CUR_LOG" | tail -1)
+  [[ -n $KEY_FIG ]]
 }
 
 stage_sass() {
@@ -431,6 +443,7 @@ run_stage gpu 220 stage_gpu
 run_stage mpi 150 stage_mpi
 run_stage torch 240 stage_torch
 run_stage run 120 stage_run
+run_stage train 200 stage_train
 run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages epmoe builds and tests with (cmake, ninja, g++, Open MPI,
-# GoogleTest, libtorch). The CUDA 13 toolkit (with NCCL) is expected at /usr/local/cuda where there is one;
+# GoogleTest, libtorch, matplotlib). The CUDA 13 toolkit (with NCCL) is expected at /usr/local/cuda where there is one;
 # without it the build is CPU-only. Skips apt when everything is already there (e.g. the H200
 # machines, which have no network).
 set -euo pipefail
@@ -17,6 +17,8 @@ command -v mpirun >/dev/null || need+=(openmpi-bin)
 if [ ! -d /opt/torch/.venv ]; then
   [ -e /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake ] || need+=(libtorch-dev)
   python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+  # The main job's plot (launch/plot_train.py) and the benchmarks' PNGs.
+  /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
