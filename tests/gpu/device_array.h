@@ -7,10 +7,22 @@
 #include <string>
 #include <vector>
 
+#include "epmoe/tensor_view.h"
+
 namespace epmoe::test {
 
 inline void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+inline int current_device() {
+  int dev = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  return dev;
+}
+// A contiguous view of device memory on the current device.
+inline TensorView dview(const void* p, DType t, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(const_cast<void*>(p), t, shape, DeviceType::cuda, current_device());
 }
 
 // False (with the reason) when no CUDA device can be used: the suites then skip, saying why.

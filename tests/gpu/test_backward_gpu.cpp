@@ -35,17 +35,7 @@
 namespace epmoe::test {
 namespace {
 
-
-int current_device() {
-  int dev = 0;
-  ck(cudaGetDevice(&dev), "cudaGetDevice");
-  return dev;
-}
 bool sm90_here() { return kernels::sm90_experts_supported(current_device()); }
-
-TensorView dview(const void* p, DType t, std::initializer_list<int64_t> shape) {
-  return TensorView::contiguous(const_cast<void*>(p), t, shape, DeviceType::cuda, current_device());
-}
 
 // One layer (world 1: every expert here) with its weights on the device.
 struct GpuLayer {

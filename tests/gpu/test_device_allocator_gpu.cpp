@@ -39,15 +39,7 @@
 namespace epmoe::test {
 namespace {
 
-int current_device() {
-  int dev = 0;
-  ck(cudaGetDevice(&dev), "cudaGetDevice");
-  return dev;
-}
 
-TensorView dview(const void* p, DType t, std::initializer_list<int64_t> shape) {
-  return TensorView::contiguous(const_cast<void*>(p), t, shape, DeviceType::cuda, current_device());
-}
 
 // Counts what the layer takes and gives back; stream-ordered memory from the device's default pool.
 class CountingAllocator final : public DeviceAllocator {
