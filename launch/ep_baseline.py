@@ -11,9 +11,13 @@
 # line per shape and writes them all to --json.
 #
 #   python3 launch/ep_baseline.py --world 2 --shapes default|decode|all|original [--shape E,k,D,H,T]...
-#                                 [--json out.json] [--iters 10] [--warmup 3] [--warmup-ms 500]
+#                                 [--json out.json] [--iters 10] [--warmup 3] [--warmup-ms 500] [--backward]
+#
+# --backward adds the training step of the same layer (fwdbwd_ms): autograd through the all_to_alls
+# (torch.distributed.nn's all_to_all_single) and grouped_mm, into x, the routing weights and w1 / w2.
 import argparse, math, os, sys, json, socket, statistics, time, torch, torch.distributed as dist, torch.multiprocessing as mp
 import torch.nn.functional as F
+import torch.distributed.nn.functional as dnn
 gmm = getattr(F, "grouped_mm", None) or torch._grouped_mm
 
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
@@ -31,14 +35,23 @@ SHAPES = {
 }
 
 
-def ep_forward(x, ids, wts, w1t, w2t, E, R, rank, tm=None):
+def a2a(out, inp, out_splits, in_splits, grad):
+    """all_to_all_single; with grad, torch.distributed.nn's autograd version (its backward is the
+    reverse all_to_all), which returns the output instead of filling it."""
+    if grad:
+        return dnn.all_to_all_single(out, inp, out_splits, in_splits)
+    dist.all_to_all_single(out, inp, out_splits, in_splits)
+    return out
+
+
+def ep_forward(x, ids, wts, w1t, w2t, E, R, rank, tm=None, grad=False):
     T, D = x.shape; k = ids.shape[1]; El = E // R
     flat = ids.flatten(); order = torch.argsort(flat, stable=True)
     send_x = x.index_select(0, order // k)
     dest_counts = torch.bincount(flat // El, minlength=R)
     recv_counts = torch.empty_like(dest_counts); dist.all_to_all_single(recv_counts, dest_counts)
     sc, rc = dest_counts.tolist(), recv_counts.tolist()            # host sync
-    recv_x = x.new_empty(sum(rc), D); dist.all_to_all_single(recv_x, send_x, rc, sc)
+    recv_x = a2a(x.new_empty(sum(rc), D), send_x, rc, sc, grad)
     send_e = (flat[order] % El).to(torch.int32); recv_e = send_e.new_empty(sum(rc)); dist.all_to_all_single(recv_e, send_e, rc, sc)
     if tm is not None: tm.append(torch.cuda.Event(enable_timing=True)); tm[-1].record()
     o2 = torch.argsort(recv_e, stable=True)
@@ -48,12 +61,12 @@ def ep_forward(x, ids, wts, w1t, w2t, E, R, rank, tm=None):
     eo = gmm(F.silu(g) * u, w2t, offs=offs)
     back = torch.empty_like(eo); back[o2] = eo
     if tm is not None: tm.append(torch.cuda.Event(enable_timing=True)); tm[-1].record()
-    ret = x.new_empty(len(order), D); dist.all_to_all_single(ret, back, sc, rc)
+    ret = a2a(x.new_empty(len(order), D), back, sc, rc, grad)
     y = torch.zeros_like(x); y.index_add_(0, order // k, ret * wts.flatten()[order].unsqueeze(1))
     return y
 
 
-def run(rank, R, cfgs, port, json_path, iters, warmup, warmup_ms):
+def run(rank, R, cfgs, port, json_path, iters, warmup, warmup_ms, backward=False):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=R, device_id=torch.device("cuda", rank))
@@ -82,14 +95,46 @@ def run(rank, R, cfgs, port, json_path, iters, warmup, warmup_ms):
             ts.append(a.elapsed_time(b)); ph.append((a.elapsed_time(tm[0]), tm[0].elapsed_time(tm[1]), tm[1].elapsed_time(b)))
         t = statistics.median(ts)
         med = [statistics.median(p[i] for p in ph) for i in range(3)]
+        fb = fwdbwd_ms(x, ids, wts, w1t, w2t, E, R, rank, iters, warmup, warmup_ms) if backward else None
         if rank == 0:
             rec = dict(world=R, E=E, k=k, D=D, H=H, T_per_rank=T, ms=t, dispatch_ms=med[0], experts_ms=med[1], combine_ms=med[2],
                        tflops_per_gpu=6 * T * k * D * H / t / 1e9)
+            if fb is not None:
+                rec.update(fwdbwd_ms=fb, fwdbwd_tflops_per_gpu=18 * T * k * D * H / fb / 1e9)
             print(json.dumps(rec), flush=True)
             results.append(dict(rec, hidden=D, ffn=H, tokens_per_rank=T))
             if json_path:  # rewritten after each shape, so a timeout keeps what finished
                 write_json(json_path, R, iters, warmup, results)
     dist.destroy_process_group()
+
+
+def fwdbwd_ms(x, ids, wts, w1t, w2t, E, R, rank, iters, warmup, warmup_ms):
+    """--backward: the same layer as a training step, autograd through the all_to_alls (forward, then
+    backward of a fixed random dy into x, the routing weights and both weight tensors; grads set to
+    None before each step, as an optimizer's zero_grad does). Warm-up and timing as the forward's;
+    the slowest rank's median is returned by rank 0 (max all-reduce), the others get theirs."""
+    w1 = w1t.detach().clone().requires_grad_(); w2 = w2t.detach().clone().requires_grad_()
+    xg = x.detach().clone().requires_grad_(); wg = wts.detach().clone().requires_grad_()
+    dy = torch.randn_like(x)
+
+    def step():
+        for p in (w1, w2, xg, wg): p.grad = None
+        ep_forward(xg, ids, wg, w1, w2, E, R, rank, grad=True).backward(dy)
+
+    for _ in range(warmup): step()
+    torch.cuda.synchronize(); t0 = time.perf_counter(); step(); torch.cuda.synchronize()
+    n = torch.tensor([math.ceil(warmup_ms / max((time.perf_counter() - t0) * 1e3, 1e-3))], device="cuda")
+    dist.all_reduce(n, op=dist.ReduceOp.MAX)
+    for _ in range(int(n.item())): step()
+    torch.cuda.synchronize(); dist.barrier()
+    ts = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+        a.record(); step(); b.record(); b.synchronize()
+        ts.append(a.elapsed_time(b))
+    m = torch.tensor([statistics.median(ts)], device="cuda", dtype=torch.float64)
+    dist.all_reduce(m, op=dist.ReduceOp.MAX)
+    return float(m.item())
 
 
 def write_json(path, R, iters, warmup, results):
@@ -122,6 +167,8 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--warmup-ms", type=float, default=500.0, help="and warm up at least this long (ms)")
+    ap.add_argument("--backward", action="store_true",
+                    help="also time fwd+bwd (autograd through the all_to_alls): fwdbwd_ms in each record")
     a = ap.parse_args()
     ngpu = torch.cuda.device_count()
     R = a.world or ngpu
@@ -134,7 +181,7 @@ def main():
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         if os.path.exists(a.json): os.remove(a.json)
-    mp.spawn(run, args=(R, cfgs, free_port(), a.json, a.iters, a.warmup, a.warmup_ms), nprocs=R)
+    mp.spawn(run, args=(R, cfgs, free_port(), a.json, a.iters, a.warmup, a.warmup_ms, a.backward), nprocs=R)
 
 
 if __name__ == "__main__":

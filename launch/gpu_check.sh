@@ -198,6 +198,20 @@ stage_torch() {
     (cd "$BUILD" && LD_DEBUG=bindings EPMOE_TORCH_LIB="$PWD/torch/libepmoe_torch.so" PYTHONPATH="$OLDPWD/python" \
       timeout 90 python3 "$OLDPWD/tests/torch/test_python_mock.py" 2>&1 |
       grep -E 'libepmoe_torch.*(_ZNSo|codecvt|_ZNSt6locale)|Segmentation|passed|PASS' | head -20) || true
+    # Every DSO mapped after `import torch` + load_library that defines libstdc++'s locale or
+    # ostream itself: two copies of the locale ids in one process crash ostream formatting.
+    timeout 60 python3 - "$lib" <<'PYEOF' 2>&1 | tail -20 || true
+import subprocess, sys
+import torch
+torch.ops.load_library(sys.argv[1])
+paths = sorted({l.split()[-1] for l in open("/proc/self/maps") if ".so" in l.split()[-1]})
+print("mapped DSOs:", len(paths))
+for p in paths:
+    out = subprocess.run(["nm", "-D", "--defined-only", p], capture_output=True, text=True).stdout
+    n = sum(1 for l in out.splitlines() if "_ZNSt6locale7classicEv" in l or "_ZNSo9_M_insertIlEERSoT_" in l)
+    if n or "stdc++" in p:
+        print("libstdc++ symbols defined:", n, p)
+PYEOF
   fi
   return $rc
 }

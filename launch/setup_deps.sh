@@ -16,7 +16,8 @@ command -v mpirun >/dev/null || need+=(openmpi-bin)
 # H200 machines, which have their own torch in /opt/torch/.venv (and no network).
 if [ ! -d /opt/torch/.venv ]; then
   [ -e /usr/lib/x86_64-linux-gnu/cmake/Torch/TorchConfig.cmake ] || need+=(libtorch-dev)
-  python3 -c 'import torch' 2>/dev/null || need+=(python3-torch)
+  # From /: the repo's own torch/ folder would import as an empty namespace package here.
+  (cd / && /usr/bin/python3 -c 'import torch, sys; sys.exit(0 if torch.__file__ else 1)') 2>/dev/null || need+=(python3-torch)
   # The main job's plot (launch/plot_train.py) and the benchmarks' PNGs.
   /usr/bin/python3 -c 'import matplotlib' 2>/dev/null || need+=(python3-matplotlib)
 fi

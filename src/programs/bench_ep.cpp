@@ -185,55 +185,6 @@ Inputs make_inputs(uint64_t seed, const Shape& s, int shape_index, int rank, int
   return in;
 }
 
-// ---- the CPU check -------------------------------------------------------------------------------
-
-struct CheckResult {
-  int tokens = 0;
-  double max_abs = 0, err2 = 0, ref2 = 0;
-};
-
-// y_host: this rank's whole y. Regenerates, per sampled token, the k experts it routes to and runs
-// reference_moe on that token once per slot (one expert each, in parallel), summing the slots.
-CheckResult check_sampled(uint64_t seed, const Shape& s, const Inputs& in, const std::vector<bf16>& y_host, int n) {
-  CheckResult r;
-  const int64_t T = s.tokens;
-  n = int(std::min<int64_t>(n, T));
-  if (n <= 0) return r;
-  const size_t n1 = size_t(2) * s.ffn * s.hidden, n2 = size_t(s.hidden) * s.ffn;
-  std::vector<bf16> w1c(n1 * s.k), w2c(n2 * s.k);
-  std::vector<int32_t> idc(s.k);
-  std::vector<float> part(size_t(s.k) * s.hidden);
-  for (int i = 0; i < n; ++i) {
-    const int64_t t = (2 * int64_t(i) + 1) * T / (2 * int64_t(n));
-    for (int j = 0; j < s.k; ++j) {
-      const int e = in.ids[size_t(t) * s.k + j];
-      idc[j] = e < 0 ? -1 : j;
-      if (e >= 0) generate_expert(seed, s, e, w1c.data() + j * n1, w2c.data() + j * n2, kWeightStd, kWeightStd);
-    }
-    // One thread per slot: slot j's weighted expert output, then the sum over slots.
-    std::vector<std::thread> pool;
-    for (int j = 0; j < s.k; ++j)
-      pool.emplace_back([&, j] {
-        const int32_t id = idc[j] < 0 ? -1 : 0;
-        epmoe::reference_moe(in.x.data() + size_t(t) * s.hidden, &id, in.wts.data() + size_t(t) * s.k + j, 1, 1,
-                             w1c.data() + j * n1, w2c.data() + j * n2, 1, s.hidden, s.ffn,
-                             part.data() + size_t(j) * s.hidden);
-      });
-    for (auto& th : pool) th.join();
-    for (int h = 0; h < s.hidden; ++h) {
-      double want = 0;
-      for (int j = 0; j < s.k; ++j) want += double(part[size_t(j) * s.hidden + h]);
-      const double got = double(y_host[size_t(t) * s.hidden + h].f());
-      const double d = std::isfinite(got) ? std::fabs(got - want) : INFINITY;
-      r.max_abs = std::max(r.max_abs, d);
-      r.err2 += d * d;
-      r.ref2 += want * want;
-    }
-    ++r.tokens;
-  }
-  return r;
-}
-
 // ---- one shape -----------------------------------------------------------------------------------
 
 struct Phases {
@@ -366,7 +317,8 @@ Result run_shape(Context& cx, const Options& o, const Shape& s, int shape_index,
     if (!std::isfinite(v.f())) ++res.unwritten;
   if (r0 && o.check_tokens > 0)
     std::fprintf(stderr, "[bench_ep]   CPU reference on %d tokens per rank\n", int(std::min<int64_t>(o.check_tokens, T)));
-  const CheckResult chk = check_sampled(o.seed, s, in, y_host, o.check_tokens);
+  const CheckResult chk =
+      check_sampled(o.seed, s, in.x.data(), in.ids.data(), in.wts.data(), y_host.data(), o.check_tokens, kWeightStd, kWeightStd);
   int64_t rows_local = 0;
   for (int64_t r : stats.send_rows) rows_local += r;
 
