@@ -18,6 +18,8 @@
 #                  test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
+#   scaling        launch/scaling_bench.py: weak / strong scaling of fwd and fwd+bwd over the GPUs
+#                  present, ours and the torch EP baseline (logs/scaling/: table, JSON, PNG)
 #   bench_train    mpirun -np 1 epmoe_bench_train (fwd, fwd+save, fwd+bwd, bwd per save policy) +
 #                  launch/train_baseline.py (torch autograd) + launch/compare_train.py
 #   ncu            (only when named in GPU_CHECK_STAGES, not in "all") launch/ncu_compare.sh: Nsight
@@ -242,6 +244,16 @@ stage_train() {
     -x NVSHMEM_DISABLE_NVLS -x LD_LIBRARY_PATH "$bin" --tokens 8192 --hidden 2048 --ffn 1024 --experts 32 \
     --topk 4 --steps 100 --log-every 10 --json "$LOGS/train.json"
   KEY_FIG=$(grep -E '^# final' "$CUR_LOG" | tail -1)
+  [[ -n $KEY_FIG ]]
+}
+
+# The scaling benchmark over the GPUs present (weak and strong; world 1 alone on one GPU, where the
+# two coincide: weak only), ours and the torch EP baseline: table, JSON and plot in logs/scaling/.
+stage_scaling() {
+  local modes=weak,strong
+  (( NGPU < 2 )) && modes=weak
+  tmo --max 240 python3 launch/scaling_bench.py --build "$BUILD" --modes "$modes" --out-dir "$LOGS/scaling"
+  KEY_FIG=$(grep -E '^ +(weak|strong) ' "$LOGS/scaling/scaling.txt" 2>/dev/null | tail -1 | tr -s ' ')
   [[ -n $KEY_FIG ]]
 }
 
@@ -480,6 +492,7 @@ run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_ep 180 stage_bench_ep
 run_stage bench_train 240 stage_bench_train
+run_stage scaling 240 stage_scaling
 run_stage ncu 300 stage_ncu
 
 overall=0
