@@ -18,10 +18,10 @@
 #                  test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
-#   scaling        launch/scaling_bench.py: weak / strong scaling of fwd and fwd+bwd over the GPUs
-#                  present, ours and the torch EP baseline (logs/scaling/: table, JSON, PNG)
 #   bench_train    mpirun -np 1 epmoe_bench_train (fwd, fwd+save, fwd+bwd, bwd per save policy) +
 #                  launch/train_baseline.py (torch autograd) + launch/compare_train.py
+#   scaling        launch/scaling_bench.py: weak / strong scaling of fwd and fwd+bwd over the GPUs
+#                  present, ours and the torch EP baseline (logs/scaling/: table, JSON, PNG)
 #   ncu            (only when named in GPU_CHECK_STAGES, not in "all") launch/ncu_compare.sh: Nsight
 #                  Compute counters per MAC of our UP/DOWN beside cuBLAS's dense GEMMs of the shapes
 #                  in GPU_CHECK_NCU_SHAPES (default 16k and 7168/T=2k); the table goes to summary.txt

@@ -28,6 +28,18 @@ struct Shape {
   int64_t tokens = 0;  // per rank
 };
 
+// "E,k,hidden,ffn,T" -> s; false when the text is anything else (trailing characters too).
+inline bool scan_shape(const std::string& text, Shape& s) {
+  long long t = 0;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%d,%d,%d,%d,%lld%c", &s.E, &s.k, &s.hidden, &s.ffn, &t, &tail) != 5) return false;
+  s.tokens = t;
+  return true;
+}
+inline bool valid_shape(const Shape& s, int64_t min_tokens) {
+  return s.E > 0 && s.k > 0 && s.k <= s.E && s.hidden > 0 && s.ffn > 0 && s.tokens >= min_tokens;
+}
+
 // ---- deterministic random numbers ---------------------------------------------------------------
 
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;

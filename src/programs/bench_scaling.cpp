@@ -95,12 +95,8 @@ Options parse_args(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--shape") {
       const std::string v = need(i);
-      long long t = 0;
-      char tail = 0;
-      Shape& s = o.shape;
-      EPMOE_CHECK(std::sscanf(v.c_str(), "%d,%d,%d,%d,%lld%c", &s.E, &s.k, &s.hidden, &s.ffn, &t, &tail) == 5,
-                  ErrorCode::invalid_argument, "--shape wants E,k,hidden,ffn,T (got '", v, "')");
-      s.tokens = t;
+      EPMOE_CHECK(scan_shape(v, o.shape), ErrorCode::invalid_argument, "--shape wants E,k,hidden,ffn,T (got '", v,
+                  "')");
       o.have_shape = true;
     } else if (a == "--mock-ranks") o.mock_ranks = std::stoi(need(i));
     else if (a == "--iters") o.iters = std::stoi(need(i));
@@ -117,8 +113,7 @@ Options parse_args(int argc, char** argv) {
   }
   const Shape& s = o.shape;
   EPMOE_CHECK(o.have_shape, ErrorCode::invalid_argument, "--shape E,k,hidden,ffn,T is required");
-  EPMOE_CHECK(s.E > 0 && s.k > 0 && s.k <= s.E && s.hidden > 0 && s.ffn > 0 && s.tokens >= 0,
-              ErrorCode::invalid_argument, "--shape: bad shape");
+  EPMOE_CHECK(valid_shape(s, 0), ErrorCode::invalid_argument, "--shape: bad shape");
   EPMOE_CHECK(o.iters >= 1 && o.warmup >= 0 && o.warmup_ms >= 0 && o.check_tokens >= 0 && o.cpu_threads >= 1 &&
                   o.mock_ranks >= 0,
               ErrorCode::invalid_argument, "--iters >= 1, --warmup / --warmup-ms / --check-tokens >= 0, "

@@ -133,14 +133,9 @@ std::vector<Shape> parse_shapes(const std::string& v) {
   while (std::getline(ss, item, ';')) {
     if (item.empty()) continue;
     Shape s;
-    long long t = 0;
-    char tail = 0;
-    EPMOE_CHECK(std::sscanf(item.c_str(), "%d,%d,%d,%d,%lld%c", &s.E, &s.k, &s.hidden, &s.ffn, &t, &tail) == 5,
-                epmoe::ErrorCode::invalid_argument, "--shapes wants default, all or E,k,hidden,ffn,T[;...] (got '",
-                item, "')");
-    s.tokens = t;
-    EPMOE_CHECK(s.E > 0 && s.k > 0 && s.k <= s.E && s.hidden > 0 && s.ffn > 0 && s.tokens > 0,
-                epmoe::ErrorCode::invalid_argument, "--shapes: bad shape '", item, "'");
+    EPMOE_CHECK(scan_shape(item, s), epmoe::ErrorCode::invalid_argument,
+                "--shapes wants default, all or E,k,hidden,ffn,T[;...] (got '", item, "')");
+    EPMOE_CHECK(valid_shape(s, 1), epmoe::ErrorCode::invalid_argument, "--shapes: bad shape '", item, "'");
     out.push_back(s);
   }
   EPMOE_CHECK(!out.empty(), epmoe::ErrorCode::invalid_argument, "--shapes: no shape in '", v, "'");
