@@ -7,3 +7,14 @@ BUILD_DIR=${BUILD_DIR:-build}
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH CUDACXX=${CUDACXX:-/usr/local/cuda/bin/nvcc}
 fi
+# A C++ compiler whose runtime is the shared libstdc++ (libtorch's): the H200 image's CXX and
+# CUDAHOSTCXX (/opt/gcc) have only libstdc++.a, and a second C++ runtime beside torch's crashes
+# (CMakeLists.txt refuses it for the torch bindings). Keep $CXX where it finds libstdc++.so.
+epmoe_cxx=${CXX:-c++}
+if command -v "$epmoe_cxx" >/dev/null 2>&1 &&
+   [[ $("$epmoe_cxx" -print-file-name=libstdc++.so 2>/dev/null) != /* ]] &&
+   [ -x /usr/bin/g++ ] && [[ $(/usr/bin/g++ -print-file-name=libstdc++.so) == /* ]]; then
+  echo "[env] $epmoe_cxx has no shared libstdc++: building with /usr/bin/g++" >&2
+  export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+fi
+unset epmoe_cxx

@@ -3,10 +3,10 @@
 
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <stdexcept>
 
 #include "epmoe/error.h"
+#include "posix_files.h"
 
 namespace epmoe::train {
 
@@ -31,8 +31,7 @@ const char* const kMetaNames[kMetaWords] = {"format", "steps done", "world size"
 }  // namespace
 
 std::string checkpoint_path(const std::string& dir, int rank, int world) {
-  return (std::filesystem::path(dir) / ("rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".pt"))
-      .string();
+  return files::join(dir, "rank" + std::to_string(rank) + "-of-" + std::to_string(world) + ".pt");
 }
 
 void agree_or_throw(Communicator& comm, const std::string& local_error, const std::string& what) {
@@ -51,7 +50,7 @@ void save_checkpoint(const std::string& dir, const TrainOptions& opt, Communicat
   const std::string path = checkpoint_path(dir, me, W);
   std::string error;
   try {
-    std::filesystem::create_directories(dir);
+    files::make_dirs(dir);
     torch::serialize::OutputArchive archive;
     archive.write("meta", torch::tensor(meta_of(opt, me, W, steps_done), torch::kLong));
     for (const TrainedTensor& t : tensors) {
@@ -62,7 +61,7 @@ void save_checkpoint(const std::string& dir, const TrainOptions& opt, Communicat
     // A crash mid-write leaves the previous checkpoint intact.
     const std::string tmp = path + ".tmp";
     archive.save_to(tmp);
-    std::filesystem::rename(tmp, path);
+    files::rename(tmp, path);
   } catch (const std::exception& e) {
     error = "cannot save the checkpoint " + path + ": " + e.what();
   }
@@ -76,7 +75,7 @@ int64_t load_checkpoint(const std::string& dir, const TrainOptions& opt, Communi
   std::string error;
   int64_t steps_done = -1;
   try {
-    if (!std::filesystem::exists(path)) fail("no such file (is ", dir, " a checkpoint of world size ", W, "?)");
+    if (!files::exists(path)) fail("no such file (is ", dir, " a checkpoint of world size ", W, "?)");
     torch::serialize::InputArchive archive;
     archive.load_from(path, at::kCPU);
     at::Tensor meta;

@@ -11,7 +11,6 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -19,29 +18,28 @@
 #include <vector>
 
 #include "comm/mock_comm.h"
+#include "posix_files.h"
 #include "train_checkpoint.h"
 #include "train_loop.h"
 
 namespace epmoe::train {
 namespace {
 
-namespace fs = std::filesystem;
-
 // A fresh path under the test's temporary directory, removed when the test ends.
-std::vector<fs::path>& temp_paths() {
-  static std::vector<fs::path> paths;
+std::vector<std::string>& temp_paths() {
+  static std::vector<std::string> paths;
   return paths;
 }
 std::string temp_dir(const std::string& name) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("epmoe_train_" + std::to_string(getpid()) + "_" + name);
-  fs::remove_all(p);
+  const std::string p = files::join(::testing::TempDir(), "epmoe_train_" + std::to_string(getpid()) + "_" + name);
+  files::remove_tree(p);
   temp_paths().push_back(p);
-  return p.string();
+  return p;
 }
 class Train : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const fs::path& p : temp_paths()) fs::remove_all(p);
+    for (const std::string& p : temp_paths()) files::remove_tree(p);
     temp_paths().clear();
   }
 };
