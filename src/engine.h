@@ -28,6 +28,13 @@ class MoeLayer::Engine {
                         const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) = 0;
   // Checked (shapes, dtype, device) and bound for the next calls (MoeLayer::bind_weights).
   virtual void bind_weights(const ExpertWeights& w) = 0;
+  // MoeLayer::forward_capturable / check_capturable (the GPU engine's; others have none).
+  virtual void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                                  const TensorView& y, const int64_t* num_tokens, void* stream) {
+    (void)x, (void)topk_ids, (void)topk_weights, (void)y, (void)num_tokens, (void)stream;
+    EPMOE_FAIL(ErrorCode::unsupported, "forward_capturable needs the GPU engine (cuda weights)");
+  }
+  virtual void check_capturable(void* stream) { (void)stream; }
   MoeConfig cfg;
   ForwardStats stats;
   ExpertPath path = ExpertPath::automatic;

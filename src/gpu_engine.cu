@@ -117,6 +117,7 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
     h_hdr_ = pinned_alloc<int64_t>(2 * size_t(W) * hw);
     h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
     h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
+    if (opt.max_tokens_per_rank > 0) init_capturable();
   } catch (...) {
     destroy();
     throw;

@@ -23,6 +23,15 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shar
       const kernels::Sm90Shape shape{cfg.experts_per_rank(), cfg.hidden, cfg.ffn, kernels::kExpertRowsForChecks};
       (void)kernels::resolve_sm90_plan(shape, {1, 1}, options.sm90_plan);
     }
+    if (options.max_tokens_per_rank != 0) {
+      EPMOE_CHECK(options.max_tokens_per_rank > 0, ErrorCode::invalid_argument, "max_tokens_per_rank ",
+                  options.max_tokens_per_rank, " < 0");
+      EPMOE_CHECK(dev == DeviceType::cuda, ErrorCode::unsupported,
+                  "max_tokens_per_rank (the capturable forward) needs cuda weights");
+      EPMOE_CHECK(cfg.world_size == 1, ErrorCode::unsupported, "the capturable forward (max_tokens_per_rank) runs "
+                  "at world size 1 only for now (the capacity transport between ranks is not built); world size ",
+                  cfg.world_size);
+    }
   } catch (const Error& e) {
     local = e;
   }
@@ -51,6 +60,13 @@ void MoeLayer::backward(const MoeForwardContext& ctx, const TensorView& dy, cons
                         const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) {
   engine_->backward(ctx, dy, dx, d_topk_weights, grads, stream);
 }
+
+void MoeLayer::forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& w,
+                                  const TensorView& y, const int64_t* num_tokens, void* stream) {
+  engine_->forward_capturable(x, ids, w, y, num_tokens, stream);
+}
+
+void MoeLayer::check_capturable(void* stream) { engine_->check_capturable(stream); }
 
 void MoeLayer::bind_weights(const ExpertWeights& weights) { engine_->bind_weights(weights); }
 

@@ -75,6 +75,10 @@ struct LayerOptions {
   // device_allocator.h states the contract). Empty: cudaMalloc and a private stream-ordered pool.
   // The torch bindings set torch's caching allocator here for CUDA layers.
   std::shared_ptr<DeviceAllocator> device_allocator;
+  // > 0: MoeLayer::forward_capturable runs with up to this many tokens; its buffers are allocated at
+  // construction. Needs the GPU engine on the sm_90 path, and world size 1 for now (the capacity
+  // transport between ranks is not built yet: the layer fails to construct on every rank).
+  int64_t max_tokens_per_rank = 0;
 };
 
 // What the last forward did, for the programs and benchmarks.
@@ -145,6 +149,21 @@ class MoeLayer {
   // fixed order in fp32. A bad argument on any rank fails every rank alike.
   void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
                 const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream = nullptr);
+
+  // The forward as work that a CUDA graph can capture: no host sync, no allocation, nothing read on
+  // the host, so one capture replays at any token count (decode). x bf16[N, hidden], topk_ids
+  // i32[N, k], topk_weights f32[N, k], y bf16[N, hidden] with N <= LayerOptions::max_tokens_per_rank
+  // (fixed buffers); `num_tokens` is a device int64 read when the work runs: the first num_tokens
+  // rows are the tokens, y's other rows are written as 0. Bad routing cannot throw from a graph and
+  // must not pass silently: a token with an id outside [-1, E) or a repeated id gets a NaN output
+  // row, num_tokens outside [0, N] makes every row NaN, and the first such failure is kept on the
+  // device for check_capturable. Shapes, dtypes and devices are checked on the host (throws).
+  // Not collective at world 1 (the only world it runs at today); saves nothing for backward.
+  void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
+                          const TensorView& y, const int64_t* num_tokens, void* stream = nullptr);
+  // Waits for `stream`, then throws the first failure that the capturable forwards queued so far
+  // recorded (Error with its code and the token, slot and id), clearing it; returns if none.
+  void check_capturable(void* stream = nullptr);
 
   // Points the layer at other weights of the same shapes, dtype and device (a framework's
   // Parameters may be replaced between steps; torch/ binds them before every call). Local, not

@@ -1,0 +1,283 @@
+// MoeLayer::forward_capturable on one GPU (sm_90 path, world 1): one CUDA graph captured once and
+// replayed at T in {0, 1, 2, 8, 33, 64, 65, N} with fresh inputs each time, against the dense
+// reference (epmoe::reference_moe), for uniform, skewed (zipf), one-expert and dropped routing; the
+// rows past T must come back exactly 0 and the routing rows past T (filled with bad ids) must be
+// ignored. Bad routing: an out-of-range id, a repeated id, a bad num_tokens -> NaN rows where the
+// contract says, the others still right, and check_capturable throwing once with the failure.
+// Construction and argument errors. Skips without an sm_90a device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "epmoe/error.h"
+#include "epmoe/moe_layer.h"
+#include "epmoe/reference.h"
+#include "kernels/sm90/experts.cuh"
+#include "test_support.h"
+
+#include "device_array.h"
+#include "single_comm.h"
+
+namespace epmoe::test {
+namespace {
+
+// The sm_90 path's roundings against the fp64 reference, as in test_forward_gpu (kGpuTolerance
+// there says why): bf16 activation, bf16 atomics over a token's <= k experts and the split-K
+// partials. The capturable forward has one bf16 rounding fewer (no source reduce at world 1).
+constexpr Tolerance kTolerance{1.0 / 32, 1.0 / 32, 1e-2};
+
+constexpr int kE = 16, kK = 4, kHidden = 2048, kFfn = 256;
+constexpr int64_t kN = 80;  // the capture's rows (= max_tokens_per_rank)
+
+class CapturableGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(why)) GTEST_SKIP() << why;
+    if (!kernels::sm90_experts_supported(current_device())) GTEST_SKIP() << "no sm_90a device";
+  }
+  static void TearDownTestSuite() { release_single_comm(); }
+};
+
+struct Fixture {
+  MoeConfig cfg{.num_experts = kE, .top_k = kK, .hidden = kHidden, .ffn = kFfn, .world_size = 1, .rank = 0};
+  ModelWeights M = make_weights(kE, kHidden, kFfn, 2024);
+  Dev<bf16> w1{M.w1}, w2{M.w2};
+  Dev<bf16> x{size_t(kN) * kHidden};
+  Dev<int32_t> ids{size_t(kN) * kK};
+  Dev<float> wts{size_t(kN) * kK};
+  Dev<bf16> y{size_t(kN) * kHidden};
+  Dev<int64_t> num_tokens{1};
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<MoeLayer> layer;
+
+  explicit Fixture(int64_t capacity = kN) {
+    ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    LayerOptions opt;
+    opt.expert_path = ExpertPath::sm90;
+    opt.max_tokens_per_rank = capacity;
+    layer = std::make_unique<MoeLayer>(cfg, weights(), single_comm(), opt);
+  }
+  ~Fixture() { cudaStreamDestroy(stream); }
+  ExpertWeights weights() const {
+    return {dview(w1.get(), DType::bf16, {kE, 2 * kFfn, kHidden}), dview(w2.get(), DType::bf16, {kE, kHidden, kFfn})};
+  }
+  void forward() {
+    layer->forward_capturable(dview(x.get(), DType::bf16, {kN, kHidden}), dview(ids.get(), DType::i32, {kN, kK}),
+                              dview(wts.get(), DType::f32, {kN, kK}), dview(y.get(), DType::bf16, {kN, kHidden}),
+                              num_tokens.get(), stream);
+  }
+  // Fresh inputs: T real tokens, the rest of the N rows filled with ids that would fail if read.
+  void upload(int64_t T, const std::vector<bf16>& hx, const Routing& R) {
+    std::vector<bf16> xa = make_x(77, 0, kN, kHidden);  // rows past T: any finite values
+    std::copy(hx.begin(), hx.end(), xa.begin());
+    std::vector<int32_t> ia(size_t(kN) * kK, kE + 1000);
+    std::vector<float> wa(size_t(kN) * kK, 1.f);
+    std::copy(R.ids.begin(), R.ids.end(), ia.begin());
+    std::copy(R.weights.begin(), R.weights.end(), wa.begin());
+    ck(cudaMemcpyAsync(x.get(), xa.data(), xa.size() * 2, cudaMemcpyHostToDevice, stream), "x");
+    ck(cudaMemcpyAsync(ids.get(), ia.data(), ia.size() * 4, cudaMemcpyHostToDevice, stream), "ids");
+    ck(cudaMemcpyAsync(wts.get(), wa.data(), wa.size() * 4, cudaMemcpyHostToDevice, stream), "w");
+    ck(cudaMemcpyAsync(num_tokens.get(), &T, 8, cudaMemcpyHostToDevice, stream), "T");
+    ck(cudaMemsetAsync(y.get(), 0xff, size_t(kN) * kHidden * 2, stream), "poison y");  // NaN
+    ck(cudaStreamSynchronize(stream), "sync");
+  }
+  std::vector<float> reference(int64_t T, const std::vector<bf16>& hx, const Routing& R) const {
+    std::vector<float> ref(size_t(T) * kHidden);
+    reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
+                  ref.data());
+    return ref;
+  }
+};
+
+bool is_nan(bf16 v) {
+  uint16_t b;
+  std::memcpy(&b, &v, 2);
+  return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0;
+}
+
+// Rows [from, kN) of y are exactly +0 / -0.
+::testing::AssertionResult rows_zero(const std::vector<bf16>& y, int64_t from) {
+  for (int64_t i = from * kHidden; i < kN * kHidden; ++i) {
+    uint16_t b;
+    std::memcpy(&b, &y[size_t(i)], 2);
+    if ((b & 0x7fff) != 0)
+      return ::testing::AssertionFailure() << "y[" << i / kHidden << ", " << i % kHidden << "] = 0x" << std::hex << b
+                                           << " past T = " << std::dec << from << " (must be 0)";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST_F(CapturableGpu, GraphReplaysAtEveryTokenCount) {
+  Fixture f;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ck(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  f.forward();
+  ck(cudaStreamEndCapture(f.stream, &graph), "end capture");
+  ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  int round = 0;
+  for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert, RoutingKind::with_drops})
+    for (int64_t T : {int64_t(0), int64_t(1), int64_t(2), int64_t(8), int64_t(33), int64_t(64), int64_t(65), kN}) {
+      SCOPED_TRACE(std::string(routing_name(kind)) + " T=" + std::to_string(T));
+      const std::vector<bf16> hx = make_x(mix(11, T, ++round), 0, T, kHidden);
+      const Routing R = make_routing(T, kE, kK, kind, mix(13, T, round), /*focus=*/round % kE, 1);
+      f.upload(T, hx, R);
+      ck(cudaGraphLaunch(exec, f.stream), "replay");
+      ck(cudaStreamSynchronize(f.stream), "sync");
+      const std::vector<bf16> y = f.y.host();
+      const std::vector<float> ref = f.reference(T, hx, R);
+      EXPECT_TRUE(close_to_reference(y.data(), ref.data(), T, kHidden, kTolerance));
+      EXPECT_TRUE(rows_zero(y, T));
+      EXPECT_NO_THROW(f.layer->check_capturable(f.stream));
+    }
+  // The same inputs outside a graph: the same contract.
+  const int64_t T = 50;
+  const std::vector<bf16> hx = make_x(19, 0, T, kHidden);
+  const Routing R = make_routing(T, kE, kK, RoutingKind::zipf, 23, 0, 1);
+  f.upload(T, hx, R);
+  f.forward();
+  ck(cudaStreamSynchronize(f.stream), "sync");
+  const std::vector<bf16> y = f.y.host();
+  EXPECT_TRUE(close_to_reference(y.data(), f.reference(T, hx, R).data(), T, kHidden, kTolerance));
+  EXPECT_TRUE(rows_zero(y, T));
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+}
+
+// A bad id makes its token's row NaN (and only that row), and check_capturable throws it once.
+TEST_F(CapturableGpu, BadIdsPoisonTheirRowAndAreReported) {
+  Fixture f;
+  struct Bad {
+    int slot;
+    int32_t id;
+    ErrorCode code;
+  };
+  for (const Bad& b : {Bad{1, kE + 5, ErrorCode::expert_id_out_of_range}, Bad{2, -7, ErrorCode::expert_id_out_of_range},
+                       Bad{3, -2, ErrorCode::expert_id_out_of_range}, Bad{1, -1, ErrorCode::ok}}) {
+    const int64_t T = 12, bad_t = 5;
+    const std::vector<bf16> hx = make_x(29, 0, T, kHidden);
+    Routing R = make_routing(T, kE, kK, RoutingKind::uniform, 31, 0, 1);
+    Routing Rref = R;
+    R.ids[size_t(bad_t) * kK + b.slot] = b.id;
+    if (b.code == ErrorCode::ok) {
+      Rref = R;  // -1 is a dropped slot, not an error
+    } else {
+      for (int j = 0; j < kK; ++j) Rref.ids[size_t(bad_t) * kK + j] = -1;
+    }
+    // A repeated id (slot 3 = slot 0's) on another token.
+    const int64_t dup_t = 9;
+    const bool with_dup = b.code != ErrorCode::ok;
+    if (with_dup) {
+      R.ids[size_t(dup_t) * kK + 3] = R.ids[size_t(dup_t) * kK + 0];
+      for (int j = 0; j < kK; ++j) Rref.ids[size_t(dup_t) * kK + j] = -1;
+    }
+    SCOPED_TRACE("bad id " + std::to_string(b.id) + " in slot " + std::to_string(b.slot));
+    f.upload(T, hx, R);
+    f.forward();
+    ck(cudaStreamSynchronize(f.stream), "sync");
+    const std::vector<bf16> y = f.y.host();
+    const std::vector<float> ref = f.reference(T, hx, Rref);
+    for (int64_t t = 0; t < T; ++t) {
+      const bool poisoned = with_dup && (t == bad_t || t == dup_t);
+      if (poisoned) {
+        for (int c = 0; c < kHidden; ++c) ASSERT_TRUE(is_nan(y[size_t(t) * kHidden + c])) << "row " << t << " col " << c;
+      } else {
+        EXPECT_TRUE(close_to_reference(y.data() + t * kHidden, ref.data() + t * kHidden, 1, kHidden, kTolerance))
+            << "row " << t;
+      }
+    }
+    EXPECT_TRUE(rows_zero(y, T));
+    if (b.code == ErrorCode::ok) {
+      EXPECT_NO_THROW(f.layer->check_capturable(f.stream));
+      continue;
+    }
+    try {
+      f.layer->check_capturable(f.stream);
+      ADD_FAILURE() << "check_capturable did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), b.code) << e.what();
+      EXPECT_NE(std::string(e.what()).find("token 5 slot " + std::to_string(b.slot)), std::string::npos) << e.what();
+    }
+    EXPECT_NO_THROW(f.layer->check_capturable(f.stream)) << "the record is cleared once thrown";
+  }
+  // Only the repeated id: duplicate_expert_id.
+  const int64_t T = 4;
+  const std::vector<bf16> hx = make_x(37, 0, T, kHidden);
+  Routing R = make_routing(T, kE, kK, RoutingKind::uniform, 41, 0, 1);
+  R.ids[2 * kK + 2] = R.ids[2 * kK + 1];
+  f.upload(T, hx, R);
+  f.forward();
+  try {
+    f.layer->check_capturable(f.stream);
+    ADD_FAILURE() << "check_capturable did not throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::duplicate_expert_id) << e.what();
+    EXPECT_NE(std::string(e.what()).find("token 2 slot 2"), std::string::npos) << e.what();
+  }
+}
+
+// num_tokens outside [0, N]: every row NaN, and invalid_argument from check_capturable.
+TEST_F(CapturableGpu, BadTokenCountPoisonsEveryRow) {
+  Fixture f;
+  for (int64_t T : {kN + 1, int64_t(-3)}) {
+    SCOPED_TRACE("num_tokens " + std::to_string(T));
+    const Routing R = make_routing(kN, kE, kK, RoutingKind::uniform, 43, 0, 1);
+    f.upload(kN, make_x(47, 0, kN, kHidden), R);
+    ck(cudaMemcpy(f.num_tokens.get(), &T, 8, cudaMemcpyHostToDevice), "T");
+    f.forward();
+    ck(cudaStreamSynchronize(f.stream), "sync");
+    const std::vector<bf16> y = f.y.host();
+    for (size_t i = 0; i < y.size(); ++i) ASSERT_TRUE(is_nan(y[i])) << "element " << i;
+    try {
+      f.layer->check_capturable(f.stream);
+      ADD_FAILURE() << "check_capturable did not throw";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("num_tokens " + std::to_string(T)), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST_F(CapturableGpu, ArgumentAndConstructionErrors) {
+  Fixture f(kN - 1);  // capacity below the buffers' rows
+  EXPECT_THROW(f.forward(), Error);
+  Fixture g;
+  int64_t host_T = 1;
+  try {
+    g.layer->forward_capturable(dview(g.x.get(), DType::bf16, {kN, kHidden}), dview(g.ids.get(), DType::i32, {kN, kK}),
+                                dview(g.wts.get(), DType::f32, {kN, kK}), dview(g.y.get(), DType::bf16, {kN, kHidden}),
+                                &host_T, g.stream);
+    ADD_FAILURE() << "a host num_tokens was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+  }
+  EXPECT_THROW(g.layer->forward_capturable(dview(g.x.get(), DType::bf16, {kN, kHidden}),
+                                           dview(g.ids.get(), DType::i32, {kN, kK}),
+                                           dview(g.wts.get(), DType::f32, {kN, kK}),
+                                           dview(g.y.get(), DType::bf16, {kN - 1, kHidden}), g.num_tokens.get(), g.stream),
+               Error);
+  // The cuBLAS path has no capturable forward; a layer without the option refuses the call.
+  LayerOptions opt;
+  opt.expert_path = ExpertPath::cublas;
+  opt.max_tokens_per_rank = kN;
+  try {
+    MoeLayer bad(g.cfg, g.weights(), single_comm(), opt);
+    ADD_FAILURE() << "cuBLAS path with max_tokens_per_rank was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+  }
+  MoeLayer plain(g.cfg, g.weights(), single_comm(), LayerOptions{});
+  EXPECT_THROW(plain.forward_capturable(dview(g.x.get(), DType::bf16, {kN, kHidden}),
+                                        dview(g.ids.get(), DType::i32, {kN, kK}), dview(g.wts.get(), DType::f32, {kN, kK}),
+                                        dview(g.y.get(), DType::bf16, {kN, kHidden}), g.num_tokens.get(), g.stream),
+               Error);
+}
+
+}  // namespace
+}  // namespace epmoe::test
