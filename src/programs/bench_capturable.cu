@@ -1,0 +1,215 @@
+// epmoe_bench_capturable: the decode-sized forward on one GPU (world 1), MoeLayer::forward_capturable
+// captured once in a CUDA graph and replayed at each token count T, beside the regular forward
+// (MoeLayer::forward, host-synchronising) at the same T, and the weight-streaming floor: the bytes of
+// the experts the T tokens touch (W1 + W2 of each) over the HBM read rate measured in the same run
+// (a streaming read of all the weights).
+//
+//   epmoe_bench_capturable [--shape E,k,hidden,ffn,N] [--tokens 0,1,8,...] [--iters N] [--json PATH]
+//
+// N = the capture's capacity (max_tokens_per_rank); T <= N. Times: the median over --iters of
+// events around one replay (graph) or one forward call (regular; it waits on the host for its count
+// exchange, so its events include that gap). Each T's graph output is checked on sampled tokens
+// against reference_moe (fp64), and its rows past T must be zero.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_data.h"
+#include "epmoe/moe_layer.h"
+#include "epmoe/nccl_communicator.h"
+#include "kernels/cuda_check.cuh"
+
+namespace {
+
+using namespace epmoe;
+using namespace epmoe::bench;
+
+// A streaming read of n 16-byte words (xor-folded so it cannot be dropped).
+__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* __restrict__ sink) {
+  unsigned acc = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
+
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(size_t bytes) { EPMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16))); }
+  ~DevMem() { cudaFree(p); }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+double event_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Shape s{32, 4, 2048, 1024, 512};
+  std::vector<int64_t> counts = {0, 1, 8, 64, 128, 512};
+  int iters = 200;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) { std::fprintf(stderr, "%s needs a value\n", a.c_str()); std::exit(2); }
+      return argv[++i];
+    };
+    if (a == "--shape") {
+      if (!scan_shape(next(), s) || !valid_shape(s, 1)) { std::fprintf(stderr, "bad --shape\n"); return 2; }
+    } else if (a == "--tokens") {
+      counts.clear();
+      std::stringstream ss(next());
+      for (std::string t; std::getline(ss, t, ',');) counts.push_back(std::stoll(t));
+    } else if (a == "--iters") {
+      iters = std::max(1, std::atoi(next().c_str()));
+    } else if (a == "--json") {
+      json = next();
+    } else {
+      std::fprintf(stderr, "usage: %s [--shape E,k,hidden,ffn,N] [--tokens T,T,...] [--iters N] [--json PATH]\n", argv[0]);
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  const int64_t N = s.tokens;
+  for (int64_t T : counts)
+    if (T < 0 || T > N) { std::fprintf(stderr, "T=%lld outside [0, N=%lld]\n", (long long)T, (long long)N); return 2; }
+  g_threads = int(std::max(1u, std::thread::hardware_concurrency()));
+  const uint64_t seed = 7;
+  const float w1_std = 1.f / std::sqrt(float(s.hidden)), w2_std = 1.f / std::sqrt(float(s.ffn));
+  const size_t n1 = size_t(2) * s.ffn * s.hidden, n2 = size_t(s.hidden) * s.ffn;
+  DevMem w1(s.E * n1 * 2), w2(s.E * n2 * 2);
+  {
+    std::vector<bf16> h1(n1), h2(n2);
+    for (int e = 0; e < s.E; ++e) {
+      generate_expert(seed, s, e, h1.data(), h2.data(), w1_std, w2_std);
+      EPMOE_CUDA_CHECK(cudaMemcpy(w1.as<char>() + e * n1 * 2, h1.data(), n1 * 2, cudaMemcpyHostToDevice));
+      EPMOE_CUDA_CHECK(cudaMemcpy(w2.as<char>() + e * n2 * 2, h2.data(), n2 * 2, cudaMemcpyHostToDevice));
+    }
+  }
+  std::vector<bf16> hx(size_t(N) * s.hidden);
+  std::vector<int32_t> hids(size_t(N) * s.k);
+  std::vector<float> hw(size_t(N) * s.k);
+  fill_normal_bf16(hx.data(), int64_t(hx.size()), stream_key(seed, kTagX, 0, 0), 1.f);
+  route_softmax_topk(stream_key(seed, kTagLogits, 0, 0), N, s.E, s.k, hids.data(), hw.data());
+  DevMem x(hx.size() * 2), ids(hids.size() * 4), wts(hw.size() * 4), y(hx.size() * 2), d_T(8);
+  EPMOE_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(ids.p, hids.data(), hids.size() * 4, cudaMemcpyHostToDevice));
+  EPMOE_CUDA_CHECK(cudaMemcpy(wts.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+
+  int dev = 0;
+  EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
+  auto view = [&](const DevMem& m, DType t, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(m.p, t, shape, DeviceType::cuda, dev);
+  };
+  const MoeConfig cfg{.num_experts = s.E, .top_k = s.k, .hidden = s.hidden, .ffn = s.ffn, .world_size = 1, .rank = 0};
+  const ExpertWeights weights{view(w1, DType::bf16, {s.E, 2 * int64_t(s.ffn), s.hidden}),
+                              view(w2, DType::bf16, {s.E, int64_t(s.hidden), s.ffn})};
+  auto comm = make_nccl_communicator_single();
+  LayerOptions opt;
+  opt.expert_path = ExpertPath::sm90;
+  opt.max_tokens_per_rank = N;
+  MoeLayer layer(cfg, weights, comm, opt);
+  cudaStream_t st;
+  EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  cudaEvent_t e0, e1;
+  EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
+  EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
+
+  // The HBM read rate: all the weights, streamed (median of 10).
+  DevMem sink(4);
+  const int64_t words = int64_t(s.E) * int64_t(n1 + n2) * 2 / 16;
+  std::vector<double> rd;
+  for (int r = 0; r < 11; ++r) {
+    EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
+    read_kernel<<<132 * 8, 512, 0, st>>>(w1.as<uint4>(), int64_t(s.E) * n1 * 2 / 16, sink.as<unsigned>());
+    read_kernel<<<132 * 8, 512, 0, st>>>(w2.as<uint4>(), int64_t(s.E) * n2 * 2 / 16, sink.as<unsigned>());
+    EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
+    EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+    if (r > 0) rd.push_back(event_ms(e0, e1));
+  }
+  const double read_tbs = double(words) * 16 / (median(rd) * 1e-3) / 1e12;
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  layer.forward_capturable(view(x, DType::bf16, {N, s.hidden}), view(ids, DType::i32, {N, s.k}),
+                           view(wts, DType::f32, {N, s.k}), view(y, DType::bf16, {N, s.hidden}), d_T.as<int64_t>(), st);
+  EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  std::printf("# epmoe_bench_capturable: E=%d k=%d hidden=%d ffn=%d capacity N=%lld, world 1, HBM read %.2f TB/s\n",
+              s.E, s.k, s.hidden, s.ffn, (long long)N, read_tbs);
+  std::printf("#%7s %8s %10s %11s %8s %12s %8s %9s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
+              "regular_us", "speedup", "check");
+  std::string rows;
+  bool all_ok = true;
+  for (int64_t T : counts) {
+    EPMOE_CUDA_CHECK(cudaMemcpy(d_T.p, &T, 8, cudaMemcpyHostToDevice));
+    std::vector<char> touched(size_t(s.E), 0);
+    for (int64_t i = 0; i < T * s.k; ++i)
+      if (hids[size_t(i)] >= 0) touched[size_t(hids[size_t(i)])] = 1;
+    int nt = 0;
+    for (char c : touched) nt += c;
+    const double floor_us = double(nt) * double(n1 + n2) * 2 / (read_tbs * 1e12) * 1e6;
+    std::vector<double> tg, tr;
+    for (int r = 0; r < iters + 10; ++r) {
+      EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
+      EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
+      EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (r >= 10) tg.push_back(event_ms(e0, e1) * 1e3);
+    }
+    // The graph's output: sampled tokens vs the fp64 reference, rows past T zero.
+    std::vector<bf16> hy(hx.size());
+    EPMOE_CUDA_CHECK(cudaMemcpy(hy.data(), y.p, hy.size() * 2, cudaMemcpyDeviceToHost));
+    Shape sT = s;
+    sT.tokens = T;
+    const CheckResult c = check_sampled(seed, sT, hx.data(), hids.data(), hw.data(), hy.data(), 8, w1_std, w2_std);
+    const double rel = c.ref2 > 0 ? std::sqrt(c.err2 / c.ref2) : 0;
+    bool zero_past = true;
+    for (size_t i = size_t(T) * s.hidden; i < hy.size(); ++i) zero_past = zero_past && hy[i].f() == 0.f;
+    const bool ok = rel < 1e-2 && zero_past;
+    all_ok = all_ok && ok;
+    for (int r = 0; r < iters + 10; ++r) {
+      EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
+      layer.forward(view(x, DType::bf16, {T, s.hidden}), view(ids, DType::i32, {T, s.k}),
+                    view(wts, DType::f32, {T, s.k}), view(y, DType::bf16, {T, s.hidden}), st);
+      EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (r >= 10) tr.push_back(event_ms(e0, e1) * 1e3);
+    }
+    const double g = median(tg), rg = median(tr);
+    char check[32];
+    std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", rel);
+    std::printf(" %7lld %8d %10.2f %11.2f %8.2f %12.2f %8.2f %9s\n", (long long)T, nt, floor_us, g,
+                floor_us > 0 ? g / floor_us : 0.0, rg, rg / g, check);
+    std::fflush(stdout);
+    rows += std::string(rows.empty() ? "" : ",\n") + "    {\"T\": " + std::to_string(T) +
+            ", \"experts_touched\": " + std::to_string(nt) + ", \"floor_us\": " + json_num(floor_us) +
+            ", \"graph_us\": " + json_num(g) + ", \"regular_us\": " + json_num(rg) + ", \"check_rel_l2\": " +
+            json_num(rel) + ", \"ok\": " + (ok ? "true" : "false") + "}";
+  }
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f) {
+      std::fprintf(f, "{\"shape\": {\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"capacity\": %lld},\n"
+                      " \"hbm_read_tbs\": %s, \"iters\": %d,\n \"rows\": [\n%s\n ]}\n",
+                   s.E, s.k, s.hidden, s.ffn, (long long)N, json_num(read_tbs).c_str(), iters, rows.c_str());
+      std::fclose(f);
+    }
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  return all_ok ? 0 : 1;
+}
