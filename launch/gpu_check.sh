@@ -17,6 +17,8 @@
 #                  and test_layout_gpu, and on test_backward_gpu's small cases; memcheck on
 #                  test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
+#   bench_capturable  epmoe_bench_capturable: forward_capturable under graph replay at T = 0..512 vs the
+#                  regular forward vs the weight-streaming floor (logs/bench_capturable.json)
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
 #   bench_train    mpirun -np 1 epmoe_bench_train (fwd, fwd+save, fwd+bwd, bwd per save policy) +
 #                  launch/train_baseline.py (torch autograd) + launch/compare_train.py
@@ -313,6 +315,7 @@ stage_sanitizer() {
   # map and reduce, the weight-gradient scatter; T = 0 / 1 and nothing routed
   sanitize_one test_backward_gpu '*h256_f256_w1_uniform_sm90*:*T1:*T0:*all_dropped*' $(( left / 5 )) \
     memcheck,racecheck --report-api-errors no || rc=1
+  sanitize_one test_capturable_gpu '*' $(( left / 10 )) memcheck --report-api-errors no || rc=1
   sanitize_one test_forward_gpu '-*Past32BitOffsets*' $(( STAGE_DEADLINE - SECONDS )) memcheck \
     --report-api-errors no || rc=1
   KEY_FIG="${SAN_FIGS%; }"
@@ -341,6 +344,17 @@ stage_bench_experts() {
   fi
   KEY_FIG="${KEY_FIG:-no comparison} [bench rc $rc, baseline rc $rcb, compare rc $rcc]"
   (( rc == 0 && rcb == 0 && rcc == 0 ))
+}
+
+# The capturable forward at decode sizes (graph replay vs the regular forward vs the weight floor).
+stage_bench_capturable() {
+  local bin=$BUILD/src/programs/epmoe_bench_capturable
+  [[ -x $bin ]] || { KEY_FIG="missing $bin"; return 1; }
+  local rc=0
+  tmo --max $(( STAGE_DEADLINE - SECONDS )) "$bin" --json "$LOGS/bench_capturable.json" || rc=$?
+  KEY_FIG=$(grep -E '^ +1 ' "$CUR_LOG" | awk '{printf "T=1: graph %s us (floor %s), regular %s us", $4, $3, $6}')
+  KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
+  return $rc
 }
 
 stage_bench_ep() {
@@ -464,6 +478,7 @@ run_stage train 200 stage_train
 run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
+run_stage bench_capturable 90 stage_bench_capturable
 run_stage bench_ep 180 stage_bench_ep
 run_stage bench_train 240 stage_bench_train
 run_stage scaling 240 stage_scaling
