@@ -1,68 +1,148 @@
-// The GPU engine's capturable forward (MoeLayer::forward_capturable): at world 1 the layout, UP and
-// DOWN, all on the caller's stream with nothing read or allocated on the host, so that a CUDA graph
-// captures it once and replays it at any token count up to the capacity.
+// The GPU engine's capturable forward (MoeLayer::forward_capturable): everything on the caller's
+// stream with nothing read or allocated on the host, so a CUDA graph captures it once and replays it
+// at any token count up to the capacity N = LayerOptions::max_tokens_per_rank.
 //
+// local (world 1):
 //   capturable_layout   one CTA: expert-sorted pairs of the first *num_tokens tokens, padded to the
 //                       tile (kernels/ep/capturable_layout.cuh); bad routing -> NaN rows + a record
 //   sm90 UP             gathers x[pair_row] itself and zeroes y (ExpertProblem::zero_out)
 //   sm90 DOWN           PDL-chained; weighted reduction straight into y[pair_row]
+//   A token's row in x is its received row and y is its combine row, so nothing moves.
 //
-// At world 1 a token's only destination is this rank and its row in x is its own, so there is no
-// dispatch, no combine and no source reduce: the combine row of the regular forward is y's row
-// (the regular forward's source reduce only rounds that one bf16 row again, losslessly). The buffers
-// are sized once (init_capturable) for LayerOptions::max_tokens_per_rank tokens.
+// slots (any world size): the regular forward's phases with fixed-size transfers instead of the
+// count exchange (kernels/ep/capacity_slots.cuh):
+//   dispatch_layout     with the device token count; count_headers
+//   slot_pack           send rows into W slots of N rows; token_row -> slot positions
+//   alltoallv           {headers, rows, metadata}: one NCCL group, every block N rows (in-band counts)
+//   capturable_layout   received mode: pairs from the real rows of each slot
+//   sm90 UP / DOWN      into the combine slots (zeroed by UP)
+//   alltoallv           the combine slots back
+//   combine_reduce      y[t] = sum over ranks of its returned rows; NaN rows after a bad layout
+//   Bytes per rank and forward, whatever T is: W N (2 hidden + 4 (1 + 2k)) + W 8 header_words out,
+//   W N 2 hidden back.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "gpu_engine_impl.cuh"
+#include "kernels/ep/capacity_slots.cuh"
 #include "kernels/ep/capturable_layout.cuh"
+#include "kernels/ep/combine_reduce.cuh"
+#include "kernels/ep/dispatch_layout.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/sm90/experts.cuh"
 
 namespace epmoe::gpu {
 
 namespace {
+
 constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-}  // namespace
 
-void GpuEngine::init_capturable() {
-  const int El = cfg.experts_per_rank();
-  const int64_t N = opt_.max_tokens_per_rank;
-  EPMOE_CHECK(path == ExpertPath::sm90, ErrorCode::unsupported, "the capturable forward (max_tokens_per_rank) runs "
-              "on the sm_90 path only (the cuBLAS fallback needs the counts on the host)");
-  EPMOE_CHECK(El <= kernels::kCapturableMaxExperts, ErrorCode::unsupported, "the capturable forward holds at most ",
-              kernels::kCapturableMaxExperts, " experts per rank; this layer has ", El);
-  EPMOE_CHECK(N * cfg.top_k < int64_t(INT32_MAX), ErrorCode::unsupported, "max_tokens_per_rank ", N, " x top_k ",
-              cfg.top_k, " exceeds the 32-bit pair index");
-  cap_rows_ = kernels::capturable_rows_capacity(N, cfg.top_k, El);
-  cap_layout_.ensure(align256((size_t(El) + 1) * 8) + align256(4 * 8) + align256(size_t(cap_rows_) * 4) +
-                     size_t(cap_rows_) * 4);
-  cap_act_.ensure(size_t(cap_rows_) * cfg.ffn * sizeof(bf16));
-  EPMOE_CUDA_CHECK(cudaMemset(cap_layout_.as<void>(), 0, cap_layout_.bytes()));  // the error record: none
-}
+// Consecutive 256-byte aligned arrays in one buffer: `take` hands out the next one (base null:
+// only sizes, for the allocation).
+struct Carver {
+  char* base = nullptr;
+  size_t used = 0;
+  template <class T>
+  T* take(size_t count) {
+    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
+    used += align256(std::max<size_t>(count, 1) * sizeof(T));
+    return p;
+  }
+};
 
-namespace {
-// The capturable layout's arrays inside cap_layout_ (the order init_capturable sized).
-struct CapturableArrays {
+// cap_layout_: the expert layout of the local experts' pairs, and the error record.
+struct LayoutArrays {
   int64_t* offsets;
   int64_t* error;
   int32_t* pair_row;
   float* pair_weight;
 };
-CapturableArrays carve(void* base, int El, int64_t rows) {
-  char* p = static_cast<char*>(base);
-  CapturableArrays a;
-  a.offsets = reinterpret_cast<int64_t*>(p);
-  p += align256((size_t(El) + 1) * 8);
-  a.error = reinterpret_cast<int64_t*>(p);
-  p += align256(4 * 8);
-  a.pair_row = reinterpret_cast<int32_t*>(p);
-  p += align256(size_t(rows) * 4);
-  a.pair_weight = reinterpret_cast<float*>(p);
+LayoutArrays carve_layout(Carver c, int El, int64_t rows, size_t* bytes = nullptr) {
+  LayoutArrays a;
+  a.offsets = c.take<int64_t>(size_t(El) + 1);
+  a.error = c.take<int64_t>(4);
+  a.pair_row = c.take<int32_t>(size_t(rows));
+  a.pair_weight = c.take<float>(size_t(rows));
+  if (bytes) *bytes = c.used;
   return a;
 }
+
+// cap_slots_: the slots transport's source and destination buffers (N tokens, W slots of N rows).
+struct SlotArrays {
+  int64_t *status, *send_rows, *send_offsets, *send_pairs, *hdr_send, *hdr_recv;
+  int32_t *token_row, *send_meta, *send_token, *send_meta_slots, *recv_meta;
+  void* layout_ws;
+  size_t layout_ws_bytes;
+  bf16 *send_x, *recv_x, *combine, *back;
+};
+SlotArrays carve_slots(Carver c, const MoeConfig& cfg, int64_t N, size_t* bytes = nullptr) {
+  const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
+  const int mw = protocol::meta_words(cfg.top_k);
+  const size_t slots = size_t(W) * size_t(N), max_rows = size_t(N) * std::min(cfg.top_k, W);
+  SlotArrays a;
+  a.status = c.take<int64_t>(4);
+  a.send_rows = c.take<int64_t>(size_t(W));
+  a.send_offsets = c.take<int64_t>(size_t(W) + 1);
+  a.send_pairs = c.take<int64_t>(size_t(W) * El);
+  a.hdr_send = c.take<int64_t>(size_t(W) * hw);
+  a.hdr_recv = c.take<int64_t>(size_t(W) * hw);
+  a.token_row = c.take<int32_t>(size_t(N) * W);
+  a.send_meta = c.take<int32_t>(max_rows * mw);
+  a.send_token = c.take<int32_t>(max_rows);
+  a.send_meta_slots = c.take<int32_t>(slots * mw);
+  a.recv_meta = c.take<int32_t>(slots * mw);
+  a.layout_ws_bytes = kernels::dispatch_layout_workspace_bytes(N, W);
+  a.layout_ws = c.take<char>(a.layout_ws_bytes);
+  a.send_x = c.take<bf16>(slots * cfg.hidden);
+  a.recv_x = c.take<bf16>(slots * cfg.hidden);
+  a.combine = c.take<bf16>(slots * cfg.hidden);
+  a.back = c.take<bf16>(slots * cfg.hidden);
+  if (bytes) *bytes = c.used;
+  return a;
+}
+
+// A plane of W equal blocks of `bytes` each way.
+AlltoallvPlane equal_plane(const void* send, void* recv, int W, size_t bytes) {
+  AlltoallvPlane p;
+  p.send = send;
+  p.recv = recv;
+  p.send_bytes.assign(size_t(W), bytes);
+  p.recv_bytes.assign(size_t(W), bytes);
+  for (int r = 0; r < W; ++r) {
+    p.send_offsets.push_back(size_t(r) * bytes);
+    p.recv_offsets.push_back(size_t(r) * bytes);
+  }
+  return p;
+}
+
 }  // namespace
+
+void GpuEngine::init_capturable() {
+  const int El = cfg.experts_per_rank(), W = cfg.world_size;
+  const int64_t N = opt_.max_tokens_per_rank;
+  EPMOE_CHECK(path == ExpertPath::sm90, ErrorCode::unsupported, "the capturable forward (max_tokens_per_rank) runs "
+              "on the sm_90 path only (the cuBLAS fallback needs the counts on the host)");
+  EPMOE_CHECK(El <= kernels::kCapturableMaxExperts, ErrorCode::unsupported, "the capturable forward holds at most ",
+              kernels::kCapturableMaxExperts, " experts per rank; this layer has ", El);
+  cap_slots_on_ = opt_.capturable_transport == CapturableTransport::slots ||
+                  (opt_.capturable_transport == CapturableTransport::automatic && W > 1);
+  EPMOE_CHECK(cap_slots_on_ || W == 1, ErrorCode::invalid_argument, "capturable_transport local needs world size 1");
+  const int64_t rows = cap_slots_on_ ? int64_t(W) * N : N;  // the expert layout's input rows
+  EPMOE_CHECK(rows * std::max(cfg.top_k, W) < int64_t(INT32_MAX), ErrorCode::unsupported, "max_tokens_per_rank ", N,
+              " x world ", W, " x top_k ", cfg.top_k, " exceeds the 32-bit row and pair indices");
+  cap_rows_ = kernels::capturable_rows_capacity(rows, cfg.top_k, El);
+  size_t bytes = 0;
+  (void)carve_layout({}, El, cap_rows_, &bytes);
+  cap_layout_.ensure(bytes);
+  EPMOE_CUDA_CHECK(cudaMemset(cap_layout_.as<void>(), 0, cap_layout_.bytes()));  // the error record: none
+  cap_act_.ensure(size_t(cap_rows_) * cfg.ffn * sizeof(bf16));
+  if (cap_slots_on_) {
+    (void)carve_slots({}, cfg, N, &bytes);
+    cap_slots_.ensure(bytes);
+  }
+}
 
 void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& wts,
                                    const TensorView& y, const int64_t* num_tokens, void* stream) {
@@ -70,6 +150,8 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
               "forward_capturable: the layer was built without LayerOptions::max_tokens_per_rank");
   DeviceGuard guard(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  // Host checks of shapes and pointers: the same on every rank that passes the same kind of buffers
+  // (a capture fixes them), so a local throw here is a caller's bug, not a data-dependent failure.
   protocol::Status st = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
   if (st.ok()) st = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (!st.ok()) throw Error(st.code, "forward_capturable: " + st.text);
@@ -83,38 +165,101 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
               ErrorCode::invalid_argument, "forward_capturable: num_tokens must be device memory of cuda:", device_,
               " (it is read when the work runs, so a graph replays at any count)");
   NvtxRange range("forward_capturable");
-  const int El = cfg.experts_per_rank();
-  const CapturableArrays arr = carve(cap_layout_.as<void>(), El, cap_rows_);
-
-  kernels::CapturableLayoutArgs la;
-  la.topk_ids = ids.ptr<int32_t>();
-  la.topk_weights = wts.ptr<float>();
-  la.num_tokens = num_tokens;
-  la.capacity = N;
-  la.top_k = cfg.top_k;
-  la.experts = El;
-  la.padded_offsets = arr.offsets;
-  la.pair_row = arr.pair_row;
-  la.pair_weight = arr.pair_weight;
-  la.rows_capacity = cap_rows_;
-  la.error = arr.error;
-  kernels::capturable_layout_launch(la, s);
-  if (N == 0) return;  // (the layout still records a bad count)
-
+  const int El = cfg.experts_per_rank(), W = cfg.world_size, k = cfg.top_k;
+  const LayoutArrays lay = carve_layout({static_cast<char*>(cap_layout_.as<void>())}, El, cap_rows_);
   const kernels::ExpertWeightsView w{w1_, w2_, El, cfg.hidden, cfg.ffn};
-  const kernels::ExpertLayoutView layout{arr.offsets, arr.pair_row, arr.pair_weight, cap_rows_};
-  const kernels::ExpertProblem prob = kernels::make_expert_problem(
-      w, x.ptr<__nv_bfloat16>(), N, layout, cap_act_.as<__nv_bfloat16>(), y.ptr<__nv_bfloat16>(), N,
-      /*zero_out=*/true);
-  const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
-  kernels::sm90_experts_launch(prob, plan, s);
+  const kernels::ExpertLayoutView layout{lay.offsets, lay.pair_row, lay.pair_weight, cap_rows_};
+  auto experts = [&](const bf16* xr, bf16* out, int64_t rows) {
+    const kernels::ExpertProblem prob = kernels::make_expert_problem(
+        w, reinterpret_cast<const __nv_bfloat16*>(xr), rows, layout, cap_act_.as<__nv_bfloat16>(),
+        reinterpret_cast<__nv_bfloat16*>(out), rows, /*zero_out=*/true);
+    const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
+    kernels::sm90_experts_launch(prob, plan, s);
+  };
+  kernels::CapturableLayoutArgs la;
+  la.top_k = k;
+  la.experts = El;
+  la.padded_offsets = lay.offsets;
+  la.pair_row = lay.pair_row;
+  la.pair_weight = lay.pair_weight;
+  la.rows_capacity = cap_rows_;
+  la.error = lay.error;
+  la.capacity = N;
+
+  if (!cap_slots_on_) {
+    la.topk_ids = ids.ptr<int32_t>();
+    la.topk_weights = wts.ptr<float>();
+    la.num_tokens = num_tokens;
+    kernels::capturable_layout_launch(la, s);
+    if (N > 0) experts(x.ptr<bf16>(), y.ptr<bf16>(), N);
+    return;
+  }
+
+  // The slots transport. Every rank's slots are N rows, so N must agree across ranks (a mismatch
+  // is the caller's: NCCL would see unequal sizes).
+  const SlotArrays sl = carve_slots({static_cast<char*>(cap_slots_.as<void>())}, cfg, opt_.max_tokens_per_rank);
+  const int64_t C = opt_.max_tokens_per_rank;  // slot rows (the same on every rank, unlike N)
+  const int mw = protocol::meta_words(k), hw = protocol::header_words(El);
+  kernels::DispatchLayoutArgs d;
+  d.topk_ids = ids.ptr<int32_t>();
+  d.topk_weights = wts.ptr<float>();
+  d.num_tokens = N;
+  d.device_num_tokens = num_tokens;
+  d.top_k = k;
+  d.num_experts = cfg.num_experts;
+  d.world = W;
+  d.status = sl.status;
+  d.send_rows = sl.send_rows;
+  d.send_offsets = sl.send_offsets;
+  d.token_row = sl.token_row;
+  d.send_meta = sl.send_meta;
+  d.send_token = sl.send_token;
+  d.send_pairs = sl.send_pairs;
+  d.workspace = sl.layout_ws;
+  d.workspace_bytes = sl.layout_ws_bytes;
+  kernels::dispatch_layout_launch(d, s);
+  kernels::count_headers_launch(sl.status, sl.send_rows, sl.send_pairs, nullptr, W, El, sl.hdr_send, s);
+  kernels::SlotPackArgs pk;
+  pk.x = x.ptr<__nv_bfloat16>();
+  pk.hidden = cfg.hidden;
+  pk.send_token = sl.send_token;
+  pk.send_meta = sl.send_meta;
+  pk.meta_words = mw;
+  pk.send_offsets = sl.send_offsets;
+  pk.world = W;
+  pk.slot_rows = C;
+  pk.max_rows = N * std::min(k, W);
+  pk.send_x = reinterpret_cast<__nv_bfloat16*>(sl.send_x);
+  pk.send_meta_slots = sl.send_meta_slots;
+  pk.token_row = sl.token_row;
+  kernels::slot_pack_launch(pk, s);
+
+  const size_t row_bytes = size_t(cfg.hidden) * sizeof(bf16);
+  CommStreamScope comm_stream(*comm_, s);
+  const AlltoallvPlane out[3] = {equal_plane(sl.hdr_send, sl.hdr_recv, W, size_t(hw) * sizeof(int64_t)),
+                                 equal_plane(sl.send_x, sl.recv_x, W, size_t(C) * row_bytes),
+                                 equal_plane(sl.send_meta_slots, sl.recv_meta, W, size_t(C) * mw * sizeof(int32_t))};
+  comm_->alltoallv(out);
+
+  la.capacity = C;
+  la.recv_meta = sl.recv_meta;
+  la.recv_headers = sl.hdr_recv;
+  la.header_words = hw;
+  la.world = W;
+  kernels::capturable_layout_launch(la, s);
+  experts(sl.recv_x, sl.combine, int64_t(W) * C);
+
+  const AlltoallvPlane back[1] = {equal_plane(sl.combine, sl.back, W, size_t(C) * row_bytes)};
+  comm_->alltoallv(back);
+  kernels::combine_reduce_checked_launch(reinterpret_cast<const __nv_bfloat16*>(sl.back), sl.token_row, N, W,
+                                         cfg.hidden, sl.status, lay.error, y.ptr<__nv_bfloat16>(), s);
 }
 
 void GpuEngine::check_capturable(void* stream) {
   if (opt_.max_tokens_per_rank <= 0) return;
   DeviceGuard guard(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  int64_t* err = carve(cap_layout_.as<void>(), cfg.experts_per_rank(), cap_rows_).error;
+  int64_t* err = carve_layout({static_cast<char*>(cap_layout_.as<void>())}, cfg.experts_per_rank(), cap_rows_).error;
   int64_t h[4] = {0, 0, 0, 0};
   EPMOE_CUDA_CHECK(cudaMemcpyAsync(h, err, sizeof h, cudaMemcpyDeviceToHost, s));
   EPMOE_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -125,10 +270,14 @@ void GpuEngine::check_capturable(void* stream) {
   if (code == ErrorCode::invalid_argument)
     EPMOE_FAIL(code, "forward_capturable: num_tokens ", h[1], " is outside [0, ", h[2],
                "] (the rows of x): every output row was NaN");
+  if (code == ErrorCode::internal)
+    EPMOE_FAIL(code, "forward_capturable: a received slot held a local expert id outside [0, ",
+               cfg.experts_per_rank(), "): corrupt transfer");
+  const bool slots = cap_slots_on_;
   EPMOE_FAIL(code, "forward_capturable: token ", h[1], " slot ", h[2], ": expert id ", h[3],
              code == ErrorCode::duplicate_expert_id ? " repeats an earlier slot's"
                                                     : " is outside [-1, " + std::to_string(cfg.num_experts) + ")",
-             " (its output row was NaN)");
+             slots ? " (every output row of this rank was NaN)" : " (its output row was NaN)");
 }
 
 }  // namespace epmoe::gpu

@@ -60,7 +60,8 @@ class GpuEngine final : public MoeLayer::Engine {
                 const ExpertGradients& grads, void* stream) override;
 
   void bind_weights(const ExpertWeights& w) override;
-  // gpu_capturable.cu: the capturable forward (world 1: layout, UP, DOWN straight into y).
+  // gpu_capturable.cu: the capturable forward (local: layout, UP, DOWN straight into y; slots: the
+  // dispatch and combine as fixed-size slot all-to-alls around them).
   void forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
                           const int64_t* num_tokens, void* stream) override;
   void check_capturable(void* stream) override;
@@ -147,13 +148,15 @@ class GpuEngine final : public MoeLayer::Engine {
     return std::array{&fixed_,     &token_row_, &send_meta_, &send_token_, &layout_ws_, &send_x_,   &recv_x_,
                       &recv_meta_, &combine_,   &xs_,        &act_,        &pair_row_,  &pair_weight_,
                       &expert_ws_, &cublas_ws_, &b_dys_,     &b_da_,       &b_dh_,      &b_act_s_,  &b_dxp_,
-                      &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_, &cap_layout_, &cap_act_};
+                      &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_, &cap_layout_, &cap_act_,
+                      &cap_slots_};
   }
 
-  // the capturable forward's (sized once, for max_tokens_per_rank): [padded offsets i64 [El + 1],
-  // error i64 [4], pair_row i32 [cap_rows_], pair_weight f32 [cap_rows_]] and act [cap_rows_, ffn]
-  DeviceBuffer cap_layout_, cap_act_;
+  // the capturable forward's (sized once, for max_tokens_per_rank; gpu_capturable.cu carves them):
+  // the expert layout and error record, act [cap_rows_, ffn], and the slots transport's buffers
+  DeviceBuffer cap_layout_, cap_act_, cap_slots_;
   int64_t cap_rows_ = 0;
+  bool cap_slots_on_ = false;  // the slots transport (else local)
 
   std::vector<int64_t> recv_hdr_;
   int64_t last_recv_rows_ = 0;

@@ -28,8 +28,8 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shar
                   options.max_tokens_per_rank, " < 0");
       EPMOE_CHECK(dev == DeviceType::cuda, ErrorCode::unsupported,
                   "max_tokens_per_rank (the capturable forward) needs cuda weights");
-      EPMOE_CHECK(cfg.world_size == 1, ErrorCode::unsupported, "the capturable forward (max_tokens_per_rank) runs "
-                  "at world size 1 only for now (the capacity transport between ranks is not built); world size ",
+      EPMOE_CHECK(cfg.world_size == 1 || options.capturable_transport != CapturableTransport::local,
+                  ErrorCode::invalid_argument, "capturable_transport local needs world size 1; world size ",
                   cfg.world_size);
     }
   } catch (const Error& e) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "ep_protocol.h"
 #include "epmoe/error.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/ep/capturable_layout.cuh"
@@ -32,40 +33,73 @@ __device__ __forceinline__ int first_bad_slot(const int32_t* row, int k, int E) 
   return -1;
 }
 
+// Calls f(row, expert, weight) for every pair of the layout's input, each row's pairs from one thread
+// (rows strided over the CTA). Source mode: the first T rows of topk_ids; a bad row (or every row
+// under a bad count) is one pair (t, 0, NaN) and lowers *bad_slot. Received mode: the real rows of
+// each slot, from their metadata.
+template <class F>
+__device__ __forceinline__ void for_each_pair(const CapturableLayoutArgs& a, int64_t T, bool bad_T,
+                                             unsigned long long* bad_slot, int* corrupt, F&& f) {
+  const int E = a.experts, k = a.top_k;
+  const float nan = __int_as_float(0x7fc00000);
+  if (a.recv_meta != nullptr) {
+    const int mw = 1 + 2 * k;
+    const int64_t rows = int64_t(a.world) * a.capacity;
+    for (int64_t i = threadIdx.x; i < rows; i += kThreads) {
+      const int64_t p = i / a.capacity, j = i - p * a.capacity;
+      if (j >= a.recv_headers[p * a.header_words + protocol::kHdrRows]) continue;
+      const int32_t* m = a.recv_meta + i * mw;
+      for (int s = 0; s < k; ++s) {
+        const int32_t l = m[1 + s];
+        if (l == -1) break;  // compacted: -1 ends the row's list
+        if (l < -1 || l >= E) {
+          atomicExch(corrupt, 1);
+          continue;
+        }
+        f(i, l, __int_as_float(m[1 + k + s]));
+      }
+    }
+    return;
+  }
+  for (int64_t t = threadIdx.x; t < T; t += kThreads) {
+    const int32_t* row = a.topk_ids + t * k;
+    const int bad = bad_T ? 0 : first_bad_slot(row, k, E);
+    if (bad_T || bad >= 0) {
+      if (!bad_T) atomicMin(bad_slot, static_cast<unsigned long long>(t * k + bad));
+      f(t, 0, nan);
+      continue;
+    }
+    for (int j = 0; j < k; ++j) {
+      const int32_t e = __ldg(row + j);
+      if (e >= 0) f(t, e, __ldg(a.topk_weights + t * k + j));
+    }
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) capturable_layout_kernel(CapturableLayoutArgs a) {
   extern __shared__ int smem[];
   const int E = a.experts, k = a.top_k;
   int* cnt = smem;          // [E] pairs per expert (pass 1), then the placing cursor (pass 2)
   int* off = smem + E;      // [E + 1] padded segment starts
   __shared__ unsigned long long s_bad;
-  __shared__ int s_carry;
+  __shared__ int s_carry, s_corrupt;
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
 
-  const int64_t T_in = *a.num_tokens;
-  const bool bad_T = T_in < 0 || T_in > a.capacity;
+  const bool received = a.recv_meta != nullptr;
+  const int64_t T_in = received ? 0 : *a.num_tokens;
+  const bool bad_T = !received && (T_in < 0 || T_in > a.capacity);
   const int64_t T = bad_T ? a.capacity : T_in;
   for (int e = threadIdx.x; e < E; e += kThreads) cnt[e] = 0;
   if (threadIdx.x == 0) {
     s_bad = kNone;
     s_carry = 0;
+    s_corrupt = 0;
   }
   __syncthreads();
 
-  // Pass 1: count. A bad token (or every token under a bad T) is one pair of expert 0.
-  for (int64_t t = threadIdx.x; t < T; t += kThreads) {
-    const int32_t* row = a.topk_ids + t * k;
-    const int bad = bad_T ? 0 : first_bad_slot(row, k, E);
-    if (bad_T || bad >= 0) {
-      if (!bad_T) atomicMin(&s_bad, static_cast<unsigned long long>(t * k + bad));
-      atomicAdd(&cnt[0], 1);
-      continue;
-    }
-    for (int j = 0; j < k; ++j) {
-      const int32_t e = __ldg(row + j);
-      if (e >= 0) atomicAdd(&cnt[e], 1);
-    }
-  }
+  // Pass 1: count.
+  for_each_pair(a, T, bad_T, &s_bad, &s_corrupt, [&](int64_t, int e, float) { atomicAdd(&cnt[e], 1); });
   __syncthreads();
 
   // Segment offsets: an exclusive scan of round_up(count, tile), 1024 experts at a time.
@@ -84,25 +118,13 @@ __global__ void __launch_bounds__(kThreads) capturable_layout_kernel(CapturableL
   for (int e = threadIdx.x; e < E; e += kThreads) cnt[e] = 0;
   __syncthreads();
 
-  // Pass 2: place each pair at its segment's cursor.
-  const float nan = __int_as_float(0x7fc00000);
-  for (int64_t t = threadIdx.x; t < T; t += kThreads) {
-    const int32_t* row = a.topk_ids + t * k;
-    const int bad = bad_T ? 0 : first_bad_slot(row, k, E);
-    if (bad_T || bad >= 0) {
-      const int p = off[0] + atomicAdd(&cnt[0], 1);
-      a.pair_row[p] = int32_t(t);
-      a.pair_weight[p] = nan;
-      continue;
-    }
-    for (int j = 0; j < k; ++j) {
-      const int32_t e = __ldg(row + j);
-      if (e < 0) continue;
-      const int p = off[e] + atomicAdd(&cnt[e], 1);
-      a.pair_row[p] = int32_t(t);
-      a.pair_weight[p] = __ldg(a.topk_weights + t * k + j);
-    }
-  }
+  // Pass 2: place each pair at its segment's cursor (the same pairs as pass 1: the inputs are
+  // unchanged in between; the failure flags it lowers again keep their values).
+  for_each_pair(a, T, bad_T, &s_bad, &s_corrupt, [&](int64_t row, int e, float w) {
+    const int p = off[e] + atomicAdd(&cnt[e], 1);
+    a.pair_row[p] = int32_t(row);
+    a.pair_weight[p] = w;
+  });
   __syncthreads();
 
   // Each segment's tail: padding rows. One warp per expert.
@@ -114,8 +136,11 @@ __global__ void __launch_bounds__(kThreads) capturable_layout_kernel(CapturableL
     }
 
   // The first failure, unless one is already recorded (sticky until the host clears it).
-  if (threadIdx.x == 0 && a.error[0] == 0 && (bad_T || s_bad != kNone)) {
-    if (bad_T) {
+  if (threadIdx.x == 0 && a.error[0] == 0 && (bad_T || s_bad != kNone || s_corrupt)) {
+    if (s_corrupt) {
+      a.error[0] = int64_t(ErrorCode::internal);
+      a.error[1] = a.error[2] = a.error[3] = 0;
+    } else if (bad_T) {
       a.error[0] = int64_t(ErrorCode::invalid_argument);
       a.error[1] = T_in;
       a.error[2] = a.capacity;
@@ -143,8 +168,11 @@ int64_t capturable_rows_capacity(int64_t capacity, int top_k, int experts) {
 void capturable_layout_launch(const CapturableLayoutArgs& a, cudaStream_t stream) {
   EPMOE_CHECK(a.experts >= 1 && a.experts <= kCapturableMaxExperts && a.top_k >= 1, ErrorCode::internal,
               "capturable_layout: E=", a.experts, " k=", a.top_k);
-  EPMOE_CHECK(a.capacity >= 0 && a.capacity * a.top_k < int64_t(INT32_MAX) && a.rows_capacity < int64_t(INT32_MAX) &&
-                  a.rows_capacity >= capturable_rows_capacity(a.capacity, a.top_k, a.experts),
+  const int64_t rows = a.recv_meta != nullptr ? int64_t(a.world) * a.capacity : a.capacity;
+  EPMOE_CHECK(a.recv_meta == nullptr || (a.recv_headers != nullptr && a.header_words > 0 && a.world >= 1),
+              ErrorCode::internal, "capturable_layout: received mode without headers");
+  EPMOE_CHECK(a.capacity >= 0 && rows * a.top_k < int64_t(INT32_MAX) && a.rows_capacity < int64_t(INT32_MAX) &&
+                  a.rows_capacity >= capturable_rows_capacity(rows, a.top_k, a.experts),
               ErrorCode::internal, "capturable_layout: capacity ", a.capacity, " rows_capacity ", a.rows_capacity);
   const size_t smem = (2 * size_t(a.experts) + 1) * sizeof(int);
   capturable_layout_kernel<<<1, kThreads, smem, stream>>>(a);

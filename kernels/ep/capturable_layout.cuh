@@ -38,12 +38,21 @@ struct CapturableLayoutArgs {
   float* pair_weight = nullptr;           // device [rows_capacity]
   int64_t rows_capacity = 0;              // capturable_rows_capacity(capacity, top_k, experts)
   int64_t* error = nullptr;               // device [4], sticky
+  // Received mode (the slots transport, capacity_slots.cuh), when recv_meta is set: the pairs come
+  // from the received metadata of world slots of `capacity` rows each instead of from topk_ids /
+  // topk_weights / num_tokens; slot p's real rows are its header's kHdrRows word (recv_headers
+  // [world, header_words]). pair_row is then the received row (p * capacity + j). A local id outside
+  // [-1, E) there is corruption: skipped and recorded as Error(internal).
+  const int32_t* recv_meta = nullptr;     // device [world * capacity, 1 + 2k]
+  const int64_t* recv_headers = nullptr;  // device [world, header_words]
+  int header_words = 0;
+  int world = 1;
 };
 
 // Experts the one-CTA layout holds in shared memory (its counts and offsets).
 inline constexpr int kCapturableMaxExperts = 4096;
 
-// Padded expert rows the layout can fill for `capacity` tokens: sum over experts of
+// Padded expert rows the layout can fill for `capacity` tokens (received mode: world * capacity): sum over experts of
 // round_up(count, tile) <= min(capacity * min(k, E) + E * (tile - 1), E * round_up(capacity, tile)),
 // rounded to the tile (the poisoned-input cases stay within it: at most one pair per token).
 int64_t capturable_rows_capacity(int64_t capacity, int top_k, int experts);

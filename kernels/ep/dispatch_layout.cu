@@ -60,7 +60,8 @@ Workspace carve(void* base, int64_t T, int world) {
 // first_bad, send_pairs[E] (global expert index == dest * E_local + local).
 // A bad row stops at its first bad slot; what it counted before is discarded by the caller (the
 // status is not ok then), but every write stays in bounds.
-__global__ void route_tokens_kernel(const int32_t* __restrict__ ids, int64_t T, int k, int E, int El, int world,
+__global__ void route_tokens_kernel(const int32_t* __restrict__ ids, int64_t T, const int64_t* __restrict__ dT,
+                                    int k, int E, int El, int world,
                                     uint64_t* __restrict__ mask_out, int32_t* __restrict__ flags,
                                     unsigned long long* __restrict__ first_bad,
                                     unsigned long long* __restrict__ send_pairs, bool shared_hist) {
@@ -74,7 +75,8 @@ __global__ void route_tokens_kernel(const int32_t* __restrict__ ids, int64_t T, 
     const int32_t* row = ids + t * k;
     uint64_t mask = 0;
     int bad = -1;
-    for (int j = 0; j < k && bad < 0; ++j) {
+    const bool live = dT == nullptr || t < *dT;  // (rows past a device count are not tokens)
+    for (int j = 0; j < k && bad < 0 && live; ++j) {
       const int32_t e = __ldg(row + j);
       if (e == -1) continue;
       if (e < -1 || e >= E) {
@@ -144,7 +146,8 @@ __global__ void scatter_rows_kernel(const int32_t* __restrict__ ids, const float
 
 // One block: status from the first bad slot, send offsets from the scan's segment starts, rows.
 // When the status is not ok, rows / offsets / pairs are zeroed to match the CPU layout.
-__global__ void finalize_layout_kernel(const int32_t* __restrict__ ids, int64_t T, int k, int E, int El, int world,
+__global__ void finalize_layout_kernel(const int32_t* __restrict__ ids, int64_t T, const int64_t* __restrict__ dT,
+                                       int k, int E, int El, int world,
                                        const unsigned long long* __restrict__ first_bad,
                                        const int32_t* __restrict__ flags, const int32_t* __restrict__ pos,
                                        int64_t* __restrict__ status, int64_t* __restrict__ send_rows,
@@ -155,7 +158,12 @@ __global__ void finalize_layout_kernel(const int32_t* __restrict__ ids, int64_t 
     const unsigned long long fb = T > 0 ? *first_bad : kNoBadSlot;
     ok = fb == kNoBadSlot;
     int64_t code = 0, a = 0, b = 0, c = 0;
-    if (!ok) {
+    if (dT != nullptr && (*dT < 0 || *dT > T)) {
+      ok = false;
+      code = int64_t(ErrorCode::invalid_argument);
+      a = *dT;
+      b = T;
+    } else if (!ok) {
       a = int64_t(fb / k);
       b = int64_t(fb % k);
       c = ids[fb];
@@ -236,7 +244,7 @@ void dispatch_layout_launch(const DispatchLayoutArgs& a, cudaStream_t stream) {
     const unsigned blocks = unsigned((T + kThreads - 1) / kThreads);
     const bool shared_hist = E <= kMaxSharedExperts;
     route_tokens_kernel<<<blocks, kThreads, shared_hist ? E * sizeof(int) : 0, stream>>>(
-        a.topk_ids, T, k, E, El, W, ws.mask, ws.flags, ws.first_bad,
+        a.topk_ids, T, a.device_num_tokens, k, E, El, W, ws.mask, ws.flags, ws.first_bad,
         reinterpret_cast<unsigned long long*>(a.send_pairs), shared_hist);
     EPMOE_CUDA_CHECK_LAUNCH("route_tokens_kernel");
     size_t tmp = ws.scan_tmp_bytes;
@@ -245,7 +253,7 @@ void dispatch_layout_launch(const DispatchLayoutArgs& a, cudaStream_t stream) {
                                                          a.token_row, a.send_token, a.send_meta);
     EPMOE_CUDA_CHECK_LAUNCH("scatter_rows_kernel");
   }
-  finalize_layout_kernel<<<1, 128, 0, stream>>>(a.topk_ids, T, k, E, El, W, ws.first_bad, ws.flags, ws.pos,
+  finalize_layout_kernel<<<1, 128, 0, stream>>>(a.topk_ids, T, a.device_num_tokens, k, E, El, W, ws.first_bad, ws.flags, ws.pos,
                                                 a.status, a.send_rows, a.send_offsets, a.send_pairs);
   EPMOE_CUDA_CHECK_LAUNCH("finalize_layout_kernel");
 }

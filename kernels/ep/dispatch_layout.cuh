@@ -28,6 +28,10 @@ struct DispatchLayoutArgs {
   const int32_t* topk_ids = nullptr;
   const float* topk_weights = nullptr;
   int64_t num_tokens = 0;
+  // Optional (the capturable forward): a device token count read when the kernels run; rows
+  // [*device_num_tokens, num_tokens) are not tokens (no destination, token_row -1). A count outside
+  // [0, num_tokens] is the status invalid_argument (a = the count, b = num_tokens).
+  const int64_t* device_num_tokens = nullptr;
   int top_k = 0, num_experts = 0, world = 1;  // experts_per_rank = num_experts / world
   // outputs (device)
   int64_t* status = nullptr;        // [4]

@@ -41,6 +41,14 @@ enum class ExpertPath {
   sm90,       // Hopper split pipeline (WGMMA + TMA)
 };
 
+// How the capturable forward (MoeLayer::forward_capturable) moves rows between ranks:
+enum class CapturableTransport {
+  automatic,  // local at world 1, slots otherwise
+  local,      // world 1 only: no transfer (x's rows are the received rows, y the combine rows)
+  slots,      // fixed-size slot all-to-alls with in-band counts (kernels/ep/capacity_slots.cuh), at
+              // any world size (at world 1: a test of the transport and a measure of its cost)
+};
+
 // How a set of per-expert cuBLAS GEMMs runs: one cublasGemmGroupedBatchedEx launch, or one
 // cublasGemmEx per expert.
 enum class GemmGrouping { automatic, grouped, per_gemm };
@@ -75,10 +83,10 @@ struct LayerOptions {
   // device_allocator.h states the contract). Empty: cudaMalloc and a private stream-ordered pool.
   // The torch bindings set torch's caching allocator here for CUDA layers.
   std::shared_ptr<DeviceAllocator> device_allocator;
-  // > 0: MoeLayer::forward_capturable runs with up to this many tokens; its buffers are allocated at
-  // construction. Needs the GPU engine on the sm_90 path, and world size 1 for now (the capacity
-  // transport between ranks is not built yet: the layer fails to construct on every rank).
+  // > 0: MoeLayer::forward_capturable runs with up to this many tokens per rank; its buffers are
+  // allocated at construction. Needs the GPU engine on the sm_90 path.
   int64_t max_tokens_per_rank = 0;
+  CapturableTransport capturable_transport = CapturableTransport::automatic;
 };
 
 // What the last forward did, for the programs and benchmarks.
@@ -158,7 +166,10 @@ class MoeLayer {
   // must not pass silently: a token with an id outside [-1, E) or a repeated id gets a NaN output
   // row, num_tokens outside [0, N] makes every row NaN, and the first such failure is kept on the
   // device for check_capturable. Shapes, dtypes and devices are checked on the host (throws).
-  // Not collective at world 1 (the only world it runs at today); saves nothing for backward.
+  // Collective like forward (every rank calls it, or replays its graph, the same number of times);
+  // the transport between ranks moves fixed-size slots of N rows (LayerOptions::
+  // capturable_transport). A rank's bad routing fails only that rank's rows. Saves nothing for
+  // backward.
   void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                           const TensorView& y, const int64_t* num_tokens, void* stream = nullptr);
   // Waits for `stream`, then throws the first failure that the capturable forwards queued so far

@@ -5,6 +5,7 @@
 // (a streaming read of all the weights).
 //
 //   epmoe_bench_capturable [--shape E,k,hidden,ffn,N] [--tokens 0,1,8,...] [--iters N] [--json PATH]
+//                          [--transport local|slots]
 //
 // N = the capture's capacity (max_tokens_per_rank); T <= N. Times: the median over --iters of
 // events around one replay (graph) or one forward call (regular; it waits on the host for its count
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> counts = {0, 1, 8, 64, 128, 512};
   int iters = 200;
   std::string json;
+  CapturableTransport transport = CapturableTransport::automatic;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -76,8 +78,12 @@ int main(int argc, char** argv) {
       iters = std::max(1, std::atoi(next().c_str()));
     } else if (a == "--json") {
       json = next();
+    } else if (a == "--transport") {
+      const std::string v = next();
+      if (v != "local" && v != "slots") { std::fprintf(stderr, "--transport local|slots\n"); return 2; }
+      transport = v == "local" ? CapturableTransport::local : CapturableTransport::slots;
     } else {
-      std::fprintf(stderr, "usage: %s [--shape E,k,hidden,ffn,N] [--tokens T,T,...] [--iters N] [--json PATH]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shape E,k,hidden,ffn,N] [--tokens T,T,...] [--iters N] [--json PATH] [--transport local|slots]\n", argv[0]);
       return a == "--help" ? 0 : 2;
     }
   }
@@ -119,7 +125,9 @@ int main(int argc, char** argv) {
   LayerOptions opt;
   opt.expert_path = ExpertPath::sm90;
   opt.max_tokens_per_rank = N;
+  opt.capturable_transport = transport;
   MoeLayer layer(cfg, weights, comm, opt);
+  const char* transport_name = transport == CapturableTransport::slots ? "slots" : "local";
   cudaStream_t st;
   EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
@@ -148,8 +156,8 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
   EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
-  std::printf("# epmoe_bench_capturable: E=%d k=%d hidden=%d ffn=%d capacity N=%lld, world 1, HBM read %.2f TB/s\n",
-              s.E, s.k, s.hidden, s.ffn, (long long)N, read_tbs);
+  std::printf("# epmoe_bench_capturable: E=%d k=%d hidden=%d ffn=%d capacity N=%lld, world 1, transport %s, "
+              "HBM read %.2f TB/s\n", s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, read_tbs);
   std::printf("#%7s %8s %10s %11s %8s %12s %8s %9s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
               "regular_us", "speedup", "check");
   std::string rows;
@@ -204,8 +212,9 @@ int main(int argc, char** argv) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {
       std::fprintf(f, "{\"shape\": {\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"capacity\": %lld},\n"
-                      " \"hbm_read_tbs\": %s, \"iters\": %d,\n \"rows\": [\n%s\n ]}\n",
-                   s.E, s.k, s.hidden, s.ffn, (long long)N, json_num(read_tbs).c_str(), iters, rows.c_str());
+                      " \"transport\": \"%s\", \"hbm_read_tbs\": %s, \"iters\": %d,\n \"rows\": [\n%s\n ]}\n",
+                   s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, json_num(read_tbs).c_str(), iters,
+                   rows.c_str());
       std::fclose(f);
     }
   }

@@ -1,10 +1,12 @@
-// MoeLayer::forward_capturable on one GPU (sm_90 path, world 1): one CUDA graph captured once and
-// replayed at T in {0, 1, 2, 8, 33, 64, 65, N} with fresh inputs each time, against the dense
-// reference (epmoe::reference_moe), for uniform, skewed (zipf), one-expert and dropped routing; the
-// rows past T must come back exactly 0 and the routing rows past T (filled with bad ids) must be
-// ignored. Bad routing: an out-of-range id, a repeated id, a bad num_tokens -> NaN rows where the
-// contract says, the others still right, and check_capturable throwing once with the failure.
-// Construction and argument errors. Skips without an sm_90a device.
+// MoeLayer::forward_capturable on one GPU (sm_90 path, world 1), both transports (local, and the
+// slots all-to-alls that other world sizes use, here over the single-rank NCCL communicator): one
+// CUDA graph captured once and replayed at T in {0, 1, 2, 8, 33, 64, 65, N} with fresh inputs each
+// time, against the dense reference (epmoe::reference_moe), for uniform, skewed (zipf), one-expert
+// and dropped routing; the rows past T must come back exactly 0 and the routing rows past T (filled
+// with bad ids) must be ignored. Bad routing: an out-of-range id, a repeated id, a bad num_tokens ->
+// NaN rows where the contract says (local: the token's row; slots: every row of the rank), the
+// others still right, and check_capturable throwing once with the failure. Construction and
+// argument errors. Skips without an sm_90a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -56,11 +58,12 @@ struct Fixture {
   cudaStream_t stream = nullptr;
   std::unique_ptr<MoeLayer> layer;
 
-  explicit Fixture(int64_t capacity = kN) {
+  explicit Fixture(CapturableTransport transport = CapturableTransport::local, int64_t capacity = kN) {
     ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     LayerOptions opt;
     opt.expert_path = ExpertPath::sm90;
     opt.max_tokens_per_rank = capacity;
+    opt.capturable_transport = transport;
     layer = std::make_unique<MoeLayer>(cfg, weights(), single_comm(), opt);
   }
   ~Fixture() { cudaStreamDestroy(stream); }
@@ -113,8 +116,12 @@ bool is_nan(bf16 v) {
   return ::testing::AssertionSuccess();
 }
 
-TEST_F(CapturableGpu, GraphReplaysAtEveryTokenCount) {
-  Fixture f;
+const char* name(CapturableTransport t) { return t == CapturableTransport::slots ? "slots" : "local"; }
+constexpr CapturableTransport kTransports[] = {CapturableTransport::local, CapturableTransport::slots};
+
+void graph_replays(CapturableTransport transport) {
+  SCOPED_TRACE(name(transport));
+  Fixture f(transport);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ck(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
@@ -150,9 +157,16 @@ TEST_F(CapturableGpu, GraphReplaysAtEveryTokenCount) {
   cudaGraphDestroy(graph);
 }
 
-// A bad id makes its token's row NaN (and only that row), and check_capturable throws it once.
-TEST_F(CapturableGpu, BadIdsPoisonTheirRowAndAreReported) {
-  Fixture f;
+TEST_F(CapturableGpu, GraphReplaysAtEveryTokenCount) {
+  for (CapturableTransport t : kTransports) graph_replays(t);
+}
+
+// A bad id makes its token's row NaN (local; slots: every row of the rank, as its layout fails
+// whole), and check_capturable throws it once.
+void bad_ids(CapturableTransport transport) {
+  SCOPED_TRACE(name(transport));
+  Fixture f(transport);
+  const bool whole_rank = transport == CapturableTransport::slots;
   struct Bad {
     int slot;
     int32_t id;
@@ -184,7 +198,7 @@ TEST_F(CapturableGpu, BadIdsPoisonTheirRowAndAreReported) {
     const std::vector<bf16> y = f.y.host();
     const std::vector<float> ref = f.reference(T, hx, Rref);
     for (int64_t t = 0; t < T; ++t) {
-      const bool poisoned = with_dup && (t == bad_t || t == dup_t);
+      const bool poisoned = with_dup && (whole_rank || t == bad_t || t == dup_t);
       if (poisoned) {
         for (int c = 0; c < kHidden; ++c) ASSERT_TRUE(is_nan(y[size_t(t) * kHidden + c])) << "row " << t << " col " << c;
       } else {
@@ -222,11 +236,16 @@ TEST_F(CapturableGpu, BadIdsPoisonTheirRowAndAreReported) {
   }
 }
 
+TEST_F(CapturableGpu, BadIdsPoisonTheirRowAndAreReported) {
+  for (CapturableTransport t : kTransports) bad_ids(t);
+}
+
 // num_tokens outside [0, N]: every row NaN, and invalid_argument from check_capturable.
 TEST_F(CapturableGpu, BadTokenCountPoisonsEveryRow) {
-  Fixture f;
+  for (CapturableTransport transport : kTransports)
   for (int64_t T : {kN + 1, int64_t(-3)}) {
-    SCOPED_TRACE("num_tokens " + std::to_string(T));
+    Fixture f(transport);
+    SCOPED_TRACE(std::string(name(transport)) + " num_tokens " + std::to_string(T));
     const Routing R = make_routing(kN, kE, kK, RoutingKind::uniform, 43, 0, 1);
     f.upload(kN, make_x(47, 0, kN, kHidden), R);
     ck(cudaMemcpy(f.num_tokens.get(), &T, 8, cudaMemcpyHostToDevice), "T");
@@ -245,7 +264,7 @@ TEST_F(CapturableGpu, BadTokenCountPoisonsEveryRow) {
 }
 
 TEST_F(CapturableGpu, ArgumentAndConstructionErrors) {
-  Fixture f(kN - 1);  // capacity below the buffers' rows
+  Fixture f(CapturableTransport::local, kN - 1);  // capacity below the buffers' rows
   EXPECT_THROW(f.forward(), Error);
   Fixture g;
   int64_t host_T = 1;
