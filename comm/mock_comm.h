@@ -14,9 +14,21 @@
 #include <utility>
 #include <vector>
 
+#include "epmoe/build_config.h"
 #include "epmoe/communicator.h"
 
 namespace epmoe {
+
+// Mock ranks on ONE GPU (comm/device_mock_comm.cpp, CUDA builds): a world of N device
+// communicators for N threads, each rank's collectives ordered on its own stream (set_stream), the
+// blocks moved by device-to-device copies on the receiver's stream after the sender's stream
+// reached the collective (events), so the GPU engine's whole EP protocol runs at world sizes > 1 on
+// one device. The rendezvous and its failure model are the host mock's. Not capturable in a CUDA
+// graph (the rendezvous is on the host).
+#if EPMOE_WITH_CUDA
+std::vector<std::shared_ptr<Communicator>> make_device_mock_world(int world_size, int device,
+                                                                  double deadline_seconds = 60.0);
+#endif
 
 // Fails the world that `any_rank_of_world` belongs to: ranks waiting in a collective (and any
 // that enter one later) throw Error(comm_error, "... mock world aborted: <why>"). For harnesses:

@@ -6,7 +6,9 @@
 // with bad ids) must be ignored. Bad routing: an out-of-range id, a repeated id, a bad num_tokens ->
 // NaN rows where the contract says (local: the token's row; slots: every row of the rank), the
 // others still right, and check_capturable throwing once with the failure. Construction and
-// argument errors. Skips without an sm_90a device.
+// argument errors. Then world 2 and 4 on device mock ranks (threads on one GPU): the slots
+// transport and the regular forward for different T per rank, and one rank's bad id failing only
+// that rank. Skips without an sm_90a device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,8 +16,10 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/mock_comm.h"
 #include "epmoe/error.h"
 #include "epmoe/moe_layer.h"
 #include "epmoe/reference.h"
@@ -296,6 +300,100 @@ TEST_F(CapturableGpu, ArgumentAndConstructionErrors) {
                                         dview(g.ids.get(), DType::i32, {kN, kK}), dview(g.wts.get(), DType::f32, {kN, kK}),
                                         dview(g.y.get(), DType::bf16, {kN, kHidden}), g.num_tokens.get(), g.stream),
                Error);
+}
+
+// World 2 and 4 on device mock ranks: each rank its own thread, stream, expert shard and T; the
+// capturable forward (slots transport) and the regular forward against the reference, then (world 2)
+// a bad id on rank 1 only: rank 1's rows NaN and its check throws, rank 0's rows still right.
+TEST_F(CapturableGpu, SlotsAcrossDeviceMockRanks) {
+  const ModelWeights M = make_weights(kE, kHidden, kFfn, 4048);
+  const int dev = current_device();
+  for (int W : {2, 4}) {
+    SCOPED_TRACE("world " + std::to_string(W));
+    const int El = kE / W;
+    const std::vector<int64_t> Ts = {33, 80, 0, 1};
+    auto comms = make_device_mock_world(W, dev, 120.0);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(W));
+    std::vector<std::string> failures(static_cast<size_t>(W));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < W; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          ck(cudaSetDevice(dev), "cudaSetDevice");
+          const MoeConfig cfg{.num_experts = kE, .top_k = kK, .hidden = kHidden, .ffn = kFfn, .world_size = W, .rank = r};
+          const size_t n1 = size_t(2) * kFfn * kHidden, n2 = size_t(kHidden) * kFfn;
+          Dev<bf16> w1(std::vector<bf16>(M.w1.begin() + r * El * n1, M.w1.begin() + (r + 1) * El * n1));
+          Dev<bf16> w2(std::vector<bf16>(M.w2.begin() + r * El * n2, M.w2.begin() + (r + 1) * El * n2));
+          LayerOptions opt;
+          opt.expert_path = ExpertPath::sm90;
+          opt.max_tokens_per_rank = kN;
+          MoeLayer layer(cfg, {dview(w1.get(), DType::bf16, {El, 2 * kFfn, kHidden}),
+                               dview(w2.get(), DType::bf16, {El, kHidden, kFfn})},
+                         comms[size_t(r)], opt);
+          cudaStream_t st;
+          ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+          std::string why;
+          for (int round = 0; round < (W == 2 ? 2 : 1); ++round) {
+            const int64_t T = Ts[size_t(r)];
+            const std::vector<bf16> hx = make_x(mix(51, r, round), 0, T, kHidden);
+            Routing R = make_routing(T, kE, kK, round ? RoutingKind::uniform : RoutingKind::zipf, mix(53, r, round), 0, 1);
+            const bool bad = round == 1 && r == 1 && T > 0;
+            if (bad) R.ids[size_t(T / 2) * kK + 1] = kE + 3;
+            std::vector<bf16> xa(size_t(kN) * kHidden, bf16(0.f));
+            std::copy(hx.begin(), hx.end(), xa.begin());
+            std::vector<int32_t> ia(size_t(kN) * kK, kE + 1000);  // rows past T: never read
+            std::vector<float> wa(size_t(kN) * kK, 1.f);
+            std::copy(R.ids.begin(), R.ids.end(), ia.begin());
+            std::copy(R.weights.begin(), R.weights.end(), wa.begin());
+            Dev<bf16> x(xa), y(size_t(kN) * kHidden, 0xff), y2(size_t(kN) * kHidden, 0xff);
+            Dev<int32_t> ids(ia);
+            Dev<float> wts(wa);
+            Dev<int64_t> d_T(std::vector<int64_t>{T});
+            layer.forward_capturable(dview(x.get(), DType::bf16, {kN, kHidden}), dview(ids.get(), DType::i32, {kN, kK}),
+                                     dview(wts.get(), DType::f32, {kN, kK}), dview(y.get(), DType::bf16, {kN, kHidden}),
+                                     d_T.get(), st);
+            ck(cudaStreamSynchronize(st), "sync");
+            const std::vector<bf16> hy = y.host();
+            std::vector<float> ref(size_t(T) * kHidden);
+            reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
+                          ref.data());
+            if (bad) {
+              for (bf16 v : hy)
+                if (!is_nan(v)) why += "rank 1: a row without NaN after its bad id; ";
+              try {
+                layer.check_capturable(st);
+                why += "rank 1: check_capturable did not throw; ";
+              } catch (const Error& e) {
+                if (e.code() != ErrorCode::expert_id_out_of_range) why += std::string("rank 1: ") + e.what() + "; ";
+              }
+              continue;
+            }
+            if (auto ok = close_to_reference(hy.data(), ref.data(), T, kHidden, kTolerance); !ok)
+              why += "capturable: " + std::string(ok.message()) + "; ";
+            if (auto z = rows_zero(hy, T); !z) why += "capturable: " + std::string(z.message()) + "; ";
+            layer.check_capturable(st);
+            if (round == 1) continue;  // (a bad id there would fail every rank's regular forward alike)
+            // The regular forward over the same mock world: the EP path at W > 1 on one GPU.
+            layer.forward(dview(x.get(), DType::bf16, {T, kHidden}), dview(ids.get(), DType::i32, {T, kK}),
+                          dview(wts.get(), DType::f32, {T, kK}), dview(y2.get(), DType::bf16, {T, kHidden}), st);
+            ck(cudaStreamSynchronize(st), "sync");
+            const std::vector<bf16> hy2 = y2.host(size_t(T) * kHidden);
+            if (auto ok = close_to_reference(hy2.data(), ref.data(), T, kHidden, kTolerance); !ok)
+              why += "regular: " + std::string(ok.message()) + "; ";
+          }
+          cudaStreamDestroy(st);
+          failures[size_t(r)] = why;
+        } catch (...) {
+          errors[size_t(r)] = std::current_exception();
+          mock_world_abort(*comms[size_t(r)], "rank " + std::to_string(r) + " failed");
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < W; ++r) {
+      EXPECT_FALSE(errors[size_t(r)]) << "rank " << r << ": " << describe_exception(errors[size_t(r)]);
+      EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
+    }
+  }
 }
 
 }  // namespace
