@@ -123,6 +123,9 @@ ReceivePlan decode_count_headers(const std::vector<int64_t>& h, int W, int El) {
   for (int p = 0; p < W; ++p) {
     const int64_t* b = &h[size_t(p) * hw];
     if (b[kHdrCode] == 0) continue;
+    // A code no rank can send is a corrupt header, not a peer's error.
+    EPMOE_CHECK(b[kHdrCode] > 0 && b[kHdrCode] <= int64_t(ErrorCode::internal), ErrorCode::internal,
+                "corrupt count header from rank ", p, ": status code ", b[kHdrCode]);
     Status s;
     s.code = ErrorCode(b[kHdrCode]);
     s.a = b[kHdrA];
@@ -141,14 +144,25 @@ ReceivePlan decode_count_headers(const std::vector<int64_t>& h, int W, int El) {
   P.recv_offsets.assign(W + 1, 0);
   P.recv_pairs.assign(size_t(W) * El, 0);
   P.expert_pairs.assign(El, 0);
+  // Bounds a real header keeps (a corrupt one fails here, with the peer named, instead of sizing
+  // buffers from garbage): rows in [0, 2^40), each pair count in [0, rows] (a row carries a local
+  // expert at most once), and the totals far from overflow.
+  constexpr int64_t kMaxRows = int64_t(1) << 40;
   for (int p = 0; p < W; ++p) {
     const int64_t* b = &h[size_t(p) * hw];
-    EPMOE_CHECK(b[kHdrRows] >= 0, ErrorCode::internal, "negative row count from rank ", p);
-    P.recv_rows[p] = b[kHdrRows];
-    P.recv_offsets[p + 1] = P.recv_offsets[p] + b[kHdrRows];
+    const int64_t rows = b[kHdrRows];
+    EPMOE_CHECK(rows >= 0 && rows < kMaxRows, ErrorCode::internal, "corrupt count header from rank ", p,
+                ": row count ", rows);
+    P.recv_rows[p] = rows;
+    P.recv_offsets[p + 1] = P.recv_offsets[p] + rows;
+    EPMOE_CHECK(P.recv_offsets[p + 1] < kMaxRows, ErrorCode::internal, "count headers: ", P.recv_offsets[p + 1],
+                " rows received in all, beyond 2^40");
     for (int e = 0; e < El; ++e) {
-      P.recv_pairs[size_t(p) * El + e] = b[kHdrPairs + e];
-      P.expert_pairs[e] += b[kHdrPairs + e];
+      const int64_t pairs = b[kHdrPairs + e];
+      EPMOE_CHECK(pairs >= 0 && pairs <= rows, ErrorCode::internal, "corrupt count header from rank ", p, ": ",
+                  pairs, " pairs for local expert ", e, " in ", rows, " rows");
+      P.recv_pairs[size_t(p) * El + e] = pairs;
+      P.expert_pairs[e] += pairs;
     }
   }
   return P;

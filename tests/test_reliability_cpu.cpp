@@ -1,0 +1,227 @@
+// Reliability on the CPU (issue 49's CPU parts), each case a test:
+//   - fuzz: the count-header decoder against valid headers with corrupted words, and the expert
+//     layout against random metadata: an epmoe::Error or a plan that keeps every invariant, never a
+//     crash, another exception type, or an inconsistent plan;
+//   - boundaries: world 64 on mock ranks against the reference (the layout's 64-bit rank mask),
+//     world 65 rejected on every rank with a clear error; ids at E - 1 routed right;
+//   - bad numbers on mock ranks (world 2): NaN in one token's x or Inf in one routing weight makes
+//     only that token's output row (and its dx / d_topk_weights) non-finite; all-zero routing weights
+//     give an exactly zero row, zero W2 an exactly zero output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comm/mock_comm.h"
+#include "ep_case.h"
+#include "ep_protocol.h"
+#include "epmoe/error.h"
+#include "epmoe/moe_layer.h"
+#include "epmoe/reference.h"
+#include "test_support.h"
+
+namespace epmoe::test {
+namespace {
+
+// ---- fuzz ------------------------------------------------------------------------------------
+
+// Valid headers of a random layout (world W, El local experts), then `flips` random words set to
+// random values (small, negative, huge, or another word's value).
+std::vector<int64_t> corrupted_headers(std::mt19937_64& rng, int W, int El, int flips) {
+  MoeConfig cfg{.num_experts = W * El, .top_k = std::min(2, W * El), .hidden = 8, .ffn = 8, .world_size = W, .rank = 0};
+  const int64_t T = int64_t(rng() % 40);
+  std::vector<int32_t> ids(size_t(T) * cfg.top_k);
+  std::vector<float> w(ids.size(), 0.5f);
+  for (int64_t t = 0; t < T; ++t) {
+    const int a = int(rng() % cfg.num_experts);
+    ids[size_t(t) * cfg.top_k] = a;
+    if (cfg.top_k > 1) ids[size_t(t) * cfg.top_k + 1] = (a + 1 + int(rng() % (cfg.num_experts - 1))) % cfg.num_experts;
+  }
+  const protocol::DispatchLayout L = protocol::dispatch_layout(ids.data(), w.data(), T, cfg);
+  std::vector<int64_t> h;
+  protocol::encode_count_headers(L, L.status, h);
+  for (int f = 0; f < flips && !h.empty(); ++f) {
+    int64_t& word = h[rng() % h.size()];
+    switch (rng() % 5) {
+      case 0: word = int64_t(rng() % 7) - 3; break;
+      case 1: word = -int64_t(rng() % (int64_t(1) << 50)); break;
+      case 2: word = int64_t(rng() >> 1); break;
+      case 3: word = h[rng() % h.size()]; break;
+      default: word = int64_t(rng() % 64); break;
+    }
+  }
+  return h;
+}
+
+TEST(ReliabilityFuzz, CountHeaderDecoderNeverAcceptsAnInconsistentPlan) {
+  std::mt19937_64 rng(20261203);
+  int thrown = 0, accepted = 0;
+  for (int it = 0; it < 4000; ++it) {
+    const int W = 1 + int(rng() % 8), El = 1 + int(rng() % 6);
+    const std::vector<int64_t> h = corrupted_headers(rng, W, El, int(rng() % 4));
+    try {
+      const protocol::ReceivePlan P = protocol::decode_count_headers(h, W, El);
+      ++accepted;
+      ASSERT_EQ(P.recv_rows.size(), size_t(W));
+      ASSERT_EQ(P.recv_offsets.size(), size_t(W) + 1);
+      ASSERT_EQ(P.recv_offsets[0], 0);
+      for (int p = 0; p < W; ++p) {
+        ASSERT_GE(P.recv_rows[p], 0) << "iteration " << it;
+        ASSERT_EQ(P.recv_offsets[p + 1], P.recv_offsets[p] + P.recv_rows[p]);
+        for (int e = 0; e < El; ++e) {
+          const int64_t n = P.recv_pairs[size_t(p) * El + e];
+          ASSERT_TRUE(n >= 0 && n <= P.recv_rows[p]) << "iteration " << it << ": " << n << " pairs in "
+                                                      << P.recv_rows[p] << " rows";
+        }
+      }
+      ASSERT_LT(P.total_rows(), int64_t(1) << 40);
+    } catch (const Error& e) {
+      ++thrown;
+      EXPECT_NE(std::string(e.what()), "") << "iteration " << it;
+    }
+  }
+  std::printf("decoder fuzz: %d accepted, %d raised epmoe::Error\n", accepted, thrown);
+  EXPECT_GT(thrown, 100) << "the corruptions should hit the checks";
+  EXPECT_GT(accepted, 100) << "uncorrupted and benign headers must decode";
+}
+
+TEST(ReliabilityFuzz, ExpertLayoutOfRandomMetadataKeepsItsInvariants) {
+  std::mt19937_64 rng(77);
+  int thrown = 0;
+  for (int it = 0; it < 3000; ++it) {
+    const int k = 1 + int(rng() % 4), El = 1 + int(rng() % 8), tile = 1 << int(rng() % 8);
+    const int64_t rows = int64_t(rng() % 50);
+    const int mw = protocol::meta_words(k);
+    std::vector<int32_t> meta(size_t(rows) * mw);
+    for (int32_t& v : meta) v = int32_t(rng() % (El + 3)) - 2;  // [-2, El]: garbage ids included
+    try {
+      const protocol::ExpertLayout X = protocol::expert_layout(meta.data(), rows, k, El, tile);
+      ASSERT_EQ(X.padded_offsets.size(), size_t(El) + 1);
+      int64_t real = 0;
+      for (int e = 0; e < El; ++e) {
+        const int64_t seg = X.padded_offsets[e + 1] - X.padded_offsets[e];
+        ASSERT_TRUE(seg % tile == 0 && seg >= X.expert_counts[e] && seg < X.expert_counts[e] + tile);
+        for (int64_t i = 0; i < seg; ++i) {
+          const int32_t r = X.pair_row[size_t(X.padded_offsets[e] + i)];
+          if (i < X.expert_counts[e]) ASSERT_TRUE(r >= 0 && r < rows) << "pair row " << r;
+          else ASSERT_EQ(r, -1) << "padding";
+        }
+        real += X.expert_counts[e];
+      }
+      int64_t want = 0;  // pairs: each row's ids up to its first negative one
+      for (int64_t r = 0; r < rows; ++r)
+        for (int j = 0; j < k && meta[size_t(r) * mw + 1 + j] >= 0; ++j) ++want;
+      ASSERT_EQ(real, want);
+    } catch (const Error& e) {
+      ++thrown;
+      EXPECT_EQ(e.code(), ErrorCode::internal) << e.what();
+    }
+  }
+  EXPECT_GT(thrown, 0);
+}
+
+// ---- boundaries ------------------------------------------------------------------------------
+
+TEST(ReliabilityBoundaries, World64MatchesTheReference) {
+  const EpCase c = make_ep_case(64, 64, 2, 128, 128, 3, RoutingKind::uniform, 0, 640);
+  auto run = [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); };
+  report_rank_errors(run_mock_ranks(64, run, 120.0), c.name());
+}
+
+TEST(ReliabilityBoundaries, World65FailsEveryRankClearly) {
+  std::vector<std::string> what(65);
+  auto run = [&](int r, std::shared_ptr<Communicator> comm) {
+    MoeConfig cfg{.num_experts = 65, .top_k = 1, .hidden = 128, .ffn = 128, .world_size = 65, .rank = r};
+    std::vector<bf16> w1(size_t(2) * 128 * 128), w2(size_t(128) * 128);
+    try {
+      MoeLayer layer(cfg, {TensorView::contiguous(w1.data(), DType::bf16, {1, 256, 128}),
+                           TensorView::contiguous(w2.data(), DType::bf16, {1, 128, 128})},
+                     comm);
+    } catch (const Error& e) {
+      what[size_t(r)] = e.what();
+    }
+  };
+  report_rank_errors(run_mock_ranks(65, run, 60.0), "world 65");
+  for (int r = 0; r < 65; ++r)
+    EXPECT_NE(what[size_t(r)].find("world_size must be in [1, 64]"), std::string::npos) << "rank " << r << ": "
+                                                                                       << what[size_t(r)];
+}
+
+TEST(ReliabilityBoundaries, IdsAtTheLastExpert) {
+  const EpCase c = make_ep_case(2, 8, 1, 128, 128, 20, RoutingKind::one_expert, /*focus=*/7, 641);
+  auto run = [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); };
+  report_rank_errors(run_mock_ranks(2, run), c.name());
+}
+
+// ---- bad numbers -----------------------------------------------------------------------------
+
+bool finite_row(const bf16* row, int n) {
+  for (int i = 0; i < n; ++i)
+    if (!std::isfinite(row[i].f())) return false;
+  return true;
+}
+
+enum class Poison { nan_x, inf_weight, zero_weights, zero_w2 };
+
+// World 2, E 8, k 2, 128/128, 16 tokens per rank; token 5 of rank 1 carries the poison.
+void bad_numbers(Poison what) {
+  constexpr int W = 2, E = 8, k = 2, H = 128, F = 128;
+  constexpr int64_t T = 16, bad_t = 5;
+  ModelWeights M = make_weights(E, H, F, 642);
+  if (what == Poison::zero_w2) std::fill(M.w2.begin(), M.w2.end(), bf16(0.f));
+  auto run = [&](int r, std::shared_ptr<Communicator> comm) {
+    const int El = E / W;
+    MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
+    MoeLayer layer(cfg,
+                   {TensorView::contiguous(const_cast<bf16*>(M.w1_of(r * El)), DType::bf16, {El, 2 * F, H}),
+                    TensorView::contiguous(const_cast<bf16*>(M.w2_of(r * El)), DType::bf16, {El, H, F})},
+                   comm);
+    std::vector<bf16> x = make_x(643, r, T, H);
+    Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(644, r), 0, W);
+    const bool mine = r == 1;
+    if (mine && what == Poison::nan_x) x[size_t(bad_t) * H + 17] = bf16(std::nanf(""));
+    if (mine && what == Poison::inf_weight) R.weights[size_t(bad_t) * k + 1] = INFINITY;
+    if (mine && what == Poison::zero_weights) R.weights[size_t(bad_t) * k] = R.weights[size_t(bad_t) * k + 1] = 0.f;
+    std::vector<bf16> y(size_t(T) * H), dy(size_t(T) * H, bf16(0.25f)), dx(size_t(T) * H);
+    std::vector<float> dw(size_t(T) * k);
+    std::vector<float> dw1(M.w1.size() / W), dw2(M.w2.size() / W);
+    MoeForwardContext ctx;
+    auto tv = [](auto* p, DType d, std::initializer_list<int64_t> s) { return TensorView::contiguous(p, d, s); };
+    layer.forward(tv(x.data(), DType::bf16, {T, H}), tv(R.ids.data(), DType::i32, {T, k}),
+                  tv(R.weights.data(), DType::f32, {T, k}), tv(y.data(), DType::bf16, {T, H}), nullptr, &ctx);
+    layer.backward(ctx, tv(dy.data(), DType::bf16, {T, H}), tv(dx.data(), DType::bf16, {T, H}),
+                   tv(dw.data(), DType::f32, {T, k}),
+                   {tv(dw1.data(), DType::f32, {El, 2 * F, H}), tv(dw2.data(), DType::f32, {El, H, F}), false});
+    for (int64_t t = 0; t < T; ++t) {
+      const bool poisoned = mine && t == bad_t;
+      const bf16* yr = y.data() + t * H;
+      if (what == Poison::zero_w2) {
+        for (int c = 0; c < H; ++c) EXPECT_EQ(yr[c].bits & 0x7fff, 0) << "rank " << r << " t " << t << ": W2 = 0";
+        continue;
+      }
+      if (poisoned && what == Poison::zero_weights) {
+        for (int c = 0; c < H; ++c) EXPECT_EQ(yr[c].bits & 0x7fff, 0) << "rank " << r << " t " << t;
+        continue;
+      }
+      const bool nonfinite_expected = poisoned;  // nan_x, inf_weight
+      EXPECT_EQ(finite_row(yr, H), !nonfinite_expected) << "rank " << r << " token " << t << " y";
+      if (!poisoned) {
+        EXPECT_TRUE(finite_row(dx.data() + t * H, H)) << "rank " << r << " token " << t << " dx";
+        EXPECT_TRUE(std::isfinite(dw[size_t(t) * k]) && std::isfinite(dw[size_t(t) * k + 1]))
+            << "rank " << r << " token " << t << " d_topk_weights";
+      }
+    }
+  };
+  report_rank_errors(run_mock_ranks(W, run), "bad numbers");
+}
+
+TEST(ReliabilityBadNumbers, NanInOneTokensXStaysInItsRow) { bad_numbers(Poison::nan_x); }
+TEST(ReliabilityBadNumbers, InfInOneRoutingWeightStaysInItsRow) { bad_numbers(Poison::inf_weight); }
+TEST(ReliabilityBadNumbers, ZeroRoutingWeightsGiveAnExactZeroRow) { bad_numbers(Poison::zero_weights); }
+TEST(ReliabilityBadNumbers, ZeroW2GivesExactZeros) { bad_numbers(Poison::zero_w2); }
+
+}  // namespace
+}  // namespace epmoe::test
