@@ -9,17 +9,23 @@
 //     give an exactly zero row, zero W2 an exactly zero output;
 //   - soak: 2000 forward+backward iterations on mock ranks (world 2) at varying T (0 included), the
 //     outputs against the reference every 250 iterations, a fixed input set re-run bit for bit
-//     (the CPU engine is deterministic), and the process's resident memory flat after warm-up.
+//     (the CPU engine is deterministic), and the process's resident memory flat after warm-up;
+//   - faults on mock ranks (world 3): one rank dies (throws) or stalls past the deadline at its
+//     n-th collective - the count exchange, mid-dispatch, mid-combine, or in the backward's status
+//     exchange, dy dispatch or combine - and every survivor raises epmoe::Error within the deadline
+//     (no hang), then refuses the next forward with a clear error.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/mock_comm.h"
@@ -295,6 +301,135 @@ TEST(ReliabilitySoak, TwoThousandIterationsStayRightAndFlat) {
               kIters);
   ASSERT_GT(warm, 0);
   EXPECT_LT(end - warm, int64_t(16) << 20) << "resident memory grew by " << (end - warm) / 1e6 << " MB";
+}
+
+// ---- faults ----------------------------------------------------------------------------------
+
+// A communicator that forwards to `inner` but, at its `fault_at`-th collective (0-based), dies
+// (throws, as a crashed rank's harness reports it: the world is aborted) or stalls (sleeps past
+// the world's deadline, then goes on).
+class FaultyCommunicator final : public Communicator {
+ public:
+  enum class Fault { die, stall };
+  FaultyCommunicator(std::shared_ptr<Communicator> inner, int fault_at, Fault fault, double stall_s)
+      : inner_(std::move(inner)), fault_at_(fault_at), fault_(fault), stall_s_(stall_s) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  std::string name() const override { return inner_->name(); }
+  MemorySpace memory_space() const override { return inner_->memory_space(); }
+  void alltoall_i64(const int64_t* s, int64_t* r, size_t n) override {
+    maybe_fault("alltoall_i64");
+    inner_->alltoall_i64(s, r, n);
+  }
+  void alltoallv(std::span<const AlltoallvPlane> p) override {
+    maybe_fault("alltoallv");
+    inner_->alltoallv(p);
+  }
+  void allreduce_max_i64(int64_t* v, size_t n) override {
+    maybe_fault("allreduce_max_i64");
+    inner_->allreduce_max_i64(v, n);
+  }
+  void barrier() override {
+    maybe_fault("barrier");
+    inner_->barrier();
+  }
+  Communicator& inner() { return *inner_; }
+
+ private:
+  void maybe_fault(const char* what) {
+    if (calls_++ != fault_at_) return;
+    if (fault_ == Fault::die) {
+      mock_world_abort(*inner_, "rank " + std::to_string(rank()) + " died in " + what);
+      throw std::runtime_error(std::string("injected death in ") + what);
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(stall_s_));
+  }
+  std::shared_ptr<Communicator> inner_;
+  int calls_ = 0;
+  const int fault_at_;
+  const Fault fault_;
+  const double stall_s_;
+};
+
+// Collectives of one forward+backward on the CPU engine, counted after the layer's construction
+// (its configuration agreement is one allreduce_max_i64): forward = count exchange (alltoall_i64),
+// dispatch (alltoallv), combine (alltoallv); backward = status exchange (alltoall_i64), dy dispatch
+// (alltoallv), combine back (alltoallv).
+const char* const kPhase[] = {"count exchange", "mid-dispatch", "mid-combine",
+                              "backward status", "backward dy dispatch", "backward combine"};
+
+void fault_case(int phase, FaultyCommunicator::Fault fault) {
+  constexpr int W = 3, E = 6, k = 2, H = 128, F = 128, bad = 1;
+  constexpr double kDeadline = 2.0;
+  const ModelWeights M = make_weights(E, H, F, 660);
+  std::vector<std::string> first(W), second(W);
+  std::vector<double> seconds(W, 0);
+  auto run = [&](int r, std::shared_ptr<Communicator> mock) {
+    const int El = E / W;
+    // +1: the construction's configuration agreement comes first.
+    std::shared_ptr<Communicator> comm =
+        r == bad ? std::make_shared<FaultyCommunicator>(mock, phase + 1, fault, 2.5 * kDeadline) : mock;
+    MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
+    MoeLayer layer(cfg,
+                   {TensorView::contiguous(const_cast<bf16*>(M.w1_of(r * El)), DType::bf16, {El, 2 * F, H}),
+                    TensorView::contiguous(const_cast<bf16*>(M.w2_of(r * El)), DType::bf16, {El, H, F})},
+                   comm);
+    const int64_t T = 6;
+    std::vector<bf16> x = make_x(661, r, T, H), y(size_t(T) * H), dy(size_t(T) * H, bf16(1.f)), dx(size_t(T) * H);
+    Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(662, r), 0, W);
+    std::vector<float> dw(size_t(T) * k), dw1(M.w1.size() / W), dw2(M.w2.size() / W);
+    auto tv = [](auto* p, DType d, std::initializer_list<int64_t> sh) { return TensorView::contiguous(p, d, sh); };
+    auto step = [&] {
+      MoeForwardContext ctx;
+      layer.forward(tv(x.data(), DType::bf16, {T, H}), tv(R.ids.data(), DType::i32, {T, k}),
+                    tv(R.weights.data(), DType::f32, {T, k}), tv(y.data(), DType::bf16, {T, H}), nullptr, &ctx);
+      layer.backward(ctx, tv(dy.data(), DType::bf16, {T, H}), tv(dx.data(), DType::bf16, {T, H}),
+                     tv(dw.data(), DType::f32, {T, k}),
+                     {tv(dw1.data(), DType::f32, {El, 2 * F, H}), tv(dw2.data(), DType::f32, {El, H, F}), false});
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      step();
+      first[size_t(r)] = "no error";
+    } catch (const Error& e) {
+      first[size_t(r)] = std::string("Error: ") + e.what();
+    } catch (const std::exception& e) {
+      first[size_t(r)] = std::string("other: ") + e.what();
+    }
+    seconds[size_t(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    try {
+      step();
+      second[size_t(r)] = "no error";
+    } catch (const Error& e) {
+      second[size_t(r)] = std::string("Error: ") + e.what();
+    } catch (const std::exception& e) {
+      second[size_t(r)] = std::string("other: ") + e.what();
+    }
+  };
+  const auto errors = run_mock_ranks(W, run, kDeadline);
+  std::printf("%s, %s: rank 0 %.2f s: %.150s\n", kPhase[phase], fault == FaultyCommunicator::Fault::die ? "death" : "stall",
+              seconds[0], first[0].c_str());
+  for (int r = 0; r < W; ++r) {
+    SCOPED_TRACE(std::string(kPhase[phase]) + (fault == FaultyCommunicator::Fault::die ? ", death" : ", stall") +
+                 " of rank 1; rank " + std::to_string(r));
+    EXPECT_FALSE(errors[size_t(r)]) << describe_exception(errors[size_t(r)]);
+    if (r != bad || fault == FaultyCommunicator::Fault::stall) {
+      EXPECT_EQ(first[size_t(r)].rfind("Error: ", 0), 0u) << first[size_t(r)];
+    } else {
+      EXPECT_EQ(first[size_t(r)], "other: injected death in " +
+                                      std::string(phase % 3 == 0 ? "alltoall_i64" : "alltoallv"));
+    }
+    if (r != bad) EXPECT_LT(seconds[size_t(r)], 2 * kDeadline + 1.0) << "a survivor waited past the deadline";
+    // After the failure: a clear error, at once, not a second wait.
+    EXPECT_EQ(second[size_t(r)].rfind("Error: ", 0), 0u) << second[size_t(r)];
+  }
+}
+
+TEST(ReliabilityFaults, DeathInEveryPhaseFailsEverySurvivor) {
+  for (int phase = 0; phase < 6; ++phase) fault_case(phase, FaultyCommunicator::Fault::die);
+}
+TEST(ReliabilityFaults, StallInEveryPhaseTimesOutEverySurvivor) {
+  for (int phase : {0, 1, 2, 4}) fault_case(phase, FaultyCommunicator::Fault::stall);
 }
 
 }  // namespace
