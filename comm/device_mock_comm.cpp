@@ -17,6 +17,7 @@
 
 #include "comm/mock_comm.h"
 #include "comm/mock_world.h"
+#include "ep_protocol.h"
 
 namespace epmoe {
 namespace {
@@ -54,16 +55,8 @@ class DeviceMockCommunicator final : public Communicator, public mock::MockRank 
   void* stream() const override { return stream_; }
 
   void alltoall_i64(const int64_t* send, int64_t* recv, size_t count) override {
-    AlltoallvPlane p;
-    p.send = send;
-    p.recv = recv;
-    const size_t bytes = count * sizeof(int64_t);
-    for (int r = 0; r < world_size(); ++r) {
-      p.send_bytes.push_back(bytes);
-      p.recv_bytes.push_back(bytes);
-      p.send_offsets.push_back(size_t(r) * bytes);
-      p.recv_offsets.push_back(size_t(r) * bytes);
-    }
+    const std::vector<int64_t> one(size_t(world_size()), 1);
+    const AlltoallvPlane p = protocol::make_plane(send, recv, one, one, count * sizeof(int64_t));
     alltoallv(std::span<const AlltoallvPlane>(&p, 1));
   }
 
@@ -108,19 +101,9 @@ class DeviceMockCommunicator final : public Communicator, public mock::MockRank 
 
   // Host memory, as the host mock.
   void allreduce_max_i64(int64_t* values, size_t count) override {
-    std::vector<int64_t> result(values, values + count);
-    Arrival mine{Collective::allreduce_max_i64, nullptr, values, count, {}};
-    const std::vector<Arrival>& all = world_->arrive(rank_, mine);
-    for (int p = 0; p < world_size(); ++p)
-      for (size_t i = 0; i < count; ++i) result[i] = std::max(result[i], all[p].values[i]);
-    world_->depart();
-    std::copy(result.begin(), result.end(), values);
+    mock::allreduce_max_i64(*world_, rank_, values, count);
   }
-
-  void barrier() override {
-    world_->arrive(rank_, Arrival{Collective::barrier, nullptr, nullptr, 0, {}});
-    world_->depart();
-  }
+  void barrier() override { mock::barrier(*world_, rank_); }
 
   void host_wait(void* s, const char* what) override {
     check_cuda(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), rank_, what);

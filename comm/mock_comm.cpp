@@ -47,22 +47,10 @@ class MockCommunicator final : public Communicator, public mock::MockRank {
     world_->depart();
   }
 
-  // In place: read everyone's values before the depart rendezvous, write ours only after it, when
-  // no peer reads them any more.
   void allreduce_max_i64(int64_t* values, size_t count) override {
-    std::vector<int64_t> result(values, values + count);  // allocated before the round: cannot throw inside
-    Arrival mine{Collective::allreduce_max_i64, nullptr, values, count, {}};
-    const std::vector<Arrival>& all = world_->arrive(rank_, mine);
-    for (int p = 0; p < world_size(); ++p)
-      for (size_t i = 0; i < count; ++i) result[i] = std::max(result[i], all[p].values[i]);
-    world_->depart();
-    std::copy(result.begin(), result.end(), values);
+    mock::allreduce_max_i64(*world_, rank_, values, count);
   }
-
-  void barrier() override {
-    world_->arrive(rank_, Arrival{Collective::barrier, nullptr, nullptr, 0, {}});
-    world_->depart();
-  }
+  void barrier() override { mock::barrier(*world_, rank_); }
 
   MockWorld& world() override { return *world_; }
 

@@ -234,6 +234,22 @@ class MockWorld {
   std::optional<Failure> failure_;  // set once; the world stays failed
 };
 
+// The host-memory collectives both mock communicators share. allreduce_max in place: everyone's
+// values are read before the depart rendezvous, ours written only after it, when no peer reads them.
+inline void allreduce_max_i64(MockWorld& world, int rank, int64_t* values, size_t count) {
+  std::vector<int64_t> result(values, values + count);  // allocated before the round: cannot throw inside
+  Arrival mine{Collective::allreduce_max_i64, nullptr, values, count, {}};
+  const std::vector<Arrival>& all = world.arrive(rank, mine);
+  for (int p = 0; p < world.size(); ++p)
+    for (size_t i = 0; i < count; ++i) result[i] = std::max(result[i], all[p].values[i]);
+  world.depart();
+  std::copy(result.begin(), result.end(), values);
+}
+inline void barrier(MockWorld& world, int rank) {
+  world.arrive(rank, Arrival{Collective::barrier, nullptr, nullptr, 0, {}});
+  world.depart();
+}
+
 // What mock_world_abort finds behind a Communicator of either mock kind.
 class MockRank {
  public:

@@ -103,18 +103,10 @@ SlotArrays carve_slots(Carver c, const MoeConfig& cfg, int64_t N, size_t* bytes 
   return a;
 }
 
-// A plane of W equal blocks of `bytes` each way.
+// A plane of W equal blocks of `bytes` each way (protocol::make_plane with one "row" per peer).
 AlltoallvPlane equal_plane(const void* send, void* recv, int W, size_t bytes) {
-  AlltoallvPlane p;
-  p.send = send;
-  p.recv = recv;
-  p.send_bytes.assign(size_t(W), bytes);
-  p.recv_bytes.assign(size_t(W), bytes);
-  for (int r = 0; r < W; ++r) {
-    p.send_offsets.push_back(size_t(r) * bytes);
-    p.recv_offsets.push_back(size_t(r) * bytes);
-  }
-  return p;
+  const std::vector<int64_t> one(size_t(W), 1);
+  return protocol::make_plane(send, recv, one, one, bytes);
 }
 
 }  // namespace

@@ -169,6 +169,42 @@ TEST(ReliabilityBoundaries, IdsAtTheLastExpert) {
   report_rank_errors(run_mock_ranks(2, run), c.name());
 }
 
+// ---- one rank's CPU layer and training step (the bad-number, soak and fault cases) ---------------
+
+// Rank r's layer over its shard of M's experts (cpu weights: the CPU engine).
+MoeLayer shard_layer(const ModelWeights& M, int k, int W, int r, std::shared_ptr<Communicator> comm) {
+  const int El = M.E / W, H = M.hidden, F = M.ffn;
+  const MoeConfig cfg{.num_experts = M.E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
+  return MoeLayer(cfg,
+                  {TensorView::contiguous(const_cast<bf16*>(M.w1_of(r * El)), DType::bf16, {El, 2 * F, H}),
+                   TensorView::contiguous(const_cast<bf16*>(M.w2_of(r * El)), DType::bf16, {El, H, F})},
+                  std::move(comm));
+}
+
+struct StepOut {
+  std::vector<bf16> y, dx;
+  std::vector<float> dw;  // d_topk_weights
+};
+// forward (saving) then backward with dy = `dy_value` everywhere; f32 weight gradients (discarded).
+StepOut forward_backward(MoeLayer& layer, const std::vector<bf16>& x, const Routing& R, float dy_value) {
+  const MoeConfig& c = layer.config();
+  const int El = c.experts_per_rank(), H = c.hidden, F = c.ffn, k = c.top_k;
+  const int64_t T = int64_t(x.size()) / H;
+  auto tv = [](const auto* p, DType d, std::initializer_list<int64_t> sh) {
+    return TensorView::contiguous(const_cast<void*>(static_cast<const void*>(p)), d, sh);
+  };
+  StepOut o{std::vector<bf16>(x.size()), std::vector<bf16>(x.size()), std::vector<float>(size_t(T) * k)};
+  const std::vector<bf16> dy(x.size(), bf16(dy_value));
+  std::vector<float> dw1(size_t(El) * 2 * F * H), dw2(size_t(El) * H * F);
+  MoeForwardContext ctx;
+  layer.forward(tv(x.data(), DType::bf16, {T, H}), tv(R.ids.data(), DType::i32, {T, k}),
+                tv(R.weights.data(), DType::f32, {T, k}), tv(o.y.data(), DType::bf16, {T, H}), nullptr, &ctx);
+  layer.backward(ctx, tv(dy.data(), DType::bf16, {T, H}), tv(o.dx.data(), DType::bf16, {T, H}),
+                 tv(o.dw.data(), DType::f32, {T, k}),
+                 {tv(dw1.data(), DType::f32, {El, 2 * F, H}), tv(dw2.data(), DType::f32, {El, H, F}), false});
+  return o;
+}
+
 // ---- bad numbers -----------------------------------------------------------------------------
 
 bool finite_row(const bf16* row, int n) {
@@ -186,28 +222,17 @@ void bad_numbers(Poison what) {
   ModelWeights M = make_weights(E, H, F, 642);
   if (what == Poison::zero_w2) std::fill(M.w2.begin(), M.w2.end(), bf16(0.f));
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
-    const int El = E / W;
-    MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
-    MoeLayer layer(cfg,
-                   {TensorView::contiguous(const_cast<bf16*>(M.w1_of(r * El)), DType::bf16, {El, 2 * F, H}),
-                    TensorView::contiguous(const_cast<bf16*>(M.w2_of(r * El)), DType::bf16, {El, H, F})},
-                   comm);
+    MoeLayer layer = shard_layer(M, k, W, r, std::move(comm));
     std::vector<bf16> x = make_x(643, r, T, H);
     Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(644, r), 0, W);
     const bool mine = r == 1;
     if (mine && what == Poison::nan_x) x[size_t(bad_t) * H + 17] = bf16(std::nanf(""));
     if (mine && what == Poison::inf_weight) R.weights[size_t(bad_t) * k + 1] = INFINITY;
     if (mine && what == Poison::zero_weights) R.weights[size_t(bad_t) * k] = R.weights[size_t(bad_t) * k + 1] = 0.f;
-    std::vector<bf16> y(size_t(T) * H), dy(size_t(T) * H, bf16(0.25f)), dx(size_t(T) * H);
-    std::vector<float> dw(size_t(T) * k);
-    std::vector<float> dw1(M.w1.size() / W), dw2(M.w2.size() / W);
-    MoeForwardContext ctx;
-    auto tv = [](auto* p, DType d, std::initializer_list<int64_t> s) { return TensorView::contiguous(p, d, s); };
-    layer.forward(tv(x.data(), DType::bf16, {T, H}), tv(R.ids.data(), DType::i32, {T, k}),
-                  tv(R.weights.data(), DType::f32, {T, k}), tv(y.data(), DType::bf16, {T, H}), nullptr, &ctx);
-    layer.backward(ctx, tv(dy.data(), DType::bf16, {T, H}), tv(dx.data(), DType::bf16, {T, H}),
-                   tv(dw.data(), DType::f32, {T, k}),
-                   {tv(dw1.data(), DType::f32, {El, 2 * F, H}), tv(dw2.data(), DType::f32, {El, H, F}), false});
+    const StepOut out = forward_backward(layer, x, R, 0.25f);
+    const std::vector<bf16>& y = out.y;
+    const std::vector<bf16>& dx = out.dx;
+    const std::vector<float>& dw = out.dw;
     for (int64_t t = 0; t < T; ++t) {
       const bool poisoned = mine && t == bad_t;
       const bf16* yr = y.data() + t * H;
@@ -271,16 +296,7 @@ TEST(ReliabilitySoak, TwoThousandIterationsStayRightAndFlat) {
   const ModelWeights M = make_weights(E, H, F, 650);
   std::atomic<int64_t> rss_warm{-1}, rss_end{-1};
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
-    const int El = E / W;
-    MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
-    MoeLayer layer(cfg,
-                   {TensorView::contiguous(const_cast<bf16*>(M.w1_of(r * El)), DType::bf16, {El, 2 * F, H}),
-                    TensorView::contiguous(const_cast<bf16*>(M.w2_of(r * El)), DType::bf16, {El, H, F})},
-                   comm);
-    auto tv = [](const auto* p, DType d, std::initializer_list<int64_t> sh) {
-      return TensorView::contiguous(const_cast<void*>(static_cast<const void*>(p)), d, sh);
-    };
-    std::vector<float> dw1(M.w1.size() / W), dw2(M.w2.size() / W);
+    MoeLayer layer = shard_layer(M, k, W, r, comm);
     std::vector<bf16> y0, dx0;  // iteration 0's outputs: the fixed set re-run later must match them bitwise
     for (int it = 0; it < kIters; ++it) {
       const bool fixed = it % kEvery == 0;
@@ -289,14 +305,9 @@ TEST(ReliabilitySoak, TwoThousandIterationsStayRightAndFlat) {
       const std::vector<bf16> x = make_x(mix(651, seed), r, T, H);
       const Routing R = make_routing(T, E, k, !fixed && it % 3 ? RoutingKind::uniform : RoutingKind::with_drops,
                                      mix(652, seed, r), 0, W);
-      std::vector<bf16> y(size_t(T) * H), dy(size_t(T) * H, bf16(0.5f)), dx(size_t(T) * H);
-      std::vector<float> dw(size_t(T) * k);
-      MoeForwardContext ctx;
-      layer.forward(tv(x.data(), DType::bf16, {T, H}), tv(R.ids.data(), DType::i32, {T, k}),
-                    tv(R.weights.data(), DType::f32, {T, k}), tv(y.data(), DType::bf16, {T, H}), nullptr, &ctx);
-      layer.backward(ctx, tv(dy.data(), DType::bf16, {T, H}), tv(dx.data(), DType::bf16, {T, H}),
-                     tv(dw.data(), DType::f32, {T, k}),
-                     {tv(dw1.data(), DType::f32, {El, 2 * F, H}), tv(dw2.data(), DType::f32, {El, H, F}), false});
+      const StepOut out = forward_backward(layer, x, R, 0.5f);
+      const std::vector<bf16>& y = out.y;
+      const std::vector<bf16>& dx = out.dx;
       if (fixed) {
         std::vector<float> ref(size_t(T) * H);
         reference_moe(x.data(), R.ids.data(), R.weights.data(), T, k, M.w1.data(), M.w2.data(), E, H, F, ref.data());
@@ -385,28 +396,14 @@ void fault_case(int phase, FaultyCommunicator::Fault fault) {
   std::vector<std::string> first(W), second(W);
   std::vector<double> seconds(W, 0);
   auto run = [&](int r, std::shared_ptr<Communicator> mock) {
-    const int El = E / W;
     // +1: the construction's configuration agreement comes first.
     std::shared_ptr<Communicator> comm =
         r == bad ? std::make_shared<FaultyCommunicator>(mock, phase + 1, fault, 2.5 * kDeadline) : mock;
-    MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
-    MoeLayer layer(cfg,
-                   {TensorView::contiguous(const_cast<bf16*>(M.w1_of(r * El)), DType::bf16, {El, 2 * F, H}),
-                    TensorView::contiguous(const_cast<bf16*>(M.w2_of(r * El)), DType::bf16, {El, H, F})},
-                   comm);
+    MoeLayer layer = shard_layer(M, k, W, r, comm);
     const int64_t T = 6;
-    std::vector<bf16> x = make_x(661, r, T, H), y(size_t(T) * H), dy(size_t(T) * H, bf16(1.f)), dx(size_t(T) * H);
-    Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(662, r), 0, W);
-    std::vector<float> dw(size_t(T) * k), dw1(M.w1.size() / W), dw2(M.w2.size() / W);
-    auto tv = [](auto* p, DType d, std::initializer_list<int64_t> sh) { return TensorView::contiguous(p, d, sh); };
-    auto step = [&] {
-      MoeForwardContext ctx;
-      layer.forward(tv(x.data(), DType::bf16, {T, H}), tv(R.ids.data(), DType::i32, {T, k}),
-                    tv(R.weights.data(), DType::f32, {T, k}), tv(y.data(), DType::bf16, {T, H}), nullptr, &ctx);
-      layer.backward(ctx, tv(dy.data(), DType::bf16, {T, H}), tv(dx.data(), DType::bf16, {T, H}),
-                     tv(dw.data(), DType::f32, {T, k}),
-                     {tv(dw1.data(), DType::f32, {El, 2 * F, H}), tv(dw2.data(), DType::f32, {El, H, F}), false});
-    };
+    const std::vector<bf16> x = make_x(661, r, T, H);
+    const Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(662, r), 0, W);
+    auto step = [&] { (void)forward_backward(layer, x, R, 1.f); };
     const auto t0 = std::chrono::steady_clock::now();
     try {
       step();
