@@ -46,6 +46,9 @@ struct ExpertProblem {
   int experts = 0;            // E_local
   int hidden = 0;
   int ffn = 0;
+  // The real (row, expert) pairs below padded_offsets[E], or a bound of them; 0 = unknown. Only the
+  // heuristics read it (Sm90Shape::pairs: swap-AB for sparse tiles).
+  int64_t pairs = 0;
   // sm_90 path only: the UP kernel zeroes out[0, out_rows) itself, spread over its work items, so the
   // zeroing overlaps its GEMM instead of running as a memset before it (DOWN reduces only after the
   // UP grid completed). Must be false for the cuBLAS path and for a DOWN launched without its UP.

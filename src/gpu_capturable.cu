@@ -162,9 +162,10 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   const kernels::ExpertWeightsView w{w1_, w2_, El, cfg.hidden, cfg.ffn};
   const kernels::ExpertLayoutView layout{lay.offsets, lay.pair_row, lay.pair_weight, cap_rows_};
   auto experts = [&](const bf16* xr, bf16* out, int64_t rows) {
-    const kernels::ExpertProblem prob = kernels::make_expert_problem(
+    kernels::ExpertProblem prob = kernels::make_expert_problem(
         w, reinterpret_cast<const __nv_bfloat16*>(xr), rows, layout, cap_act_.as<__nv_bfloat16>(),
         reinterpret_cast<__nv_bfloat16*>(out), rows, /*zero_out=*/true);
+    prob.pairs = rows * std::min(k, El);  // the bound at capacity (the plan is fixed for every replay)
     const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
     kernels::sm90_experts_launch(prob, plan, s);
   };

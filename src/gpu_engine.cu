@@ -443,6 +443,9 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
     } else if (path == ExpertPath::sm90) {
       // The override was checked against this shape at construction, so resolving cannot fail here
       // on one rank alone.
+      // The pairs let the heuristics pick swap-AB; a forward that saves for backward leaves them
+      // unknown, so every save policy runs the same kernels (the same y and h bits; Sm90Shape::pairs).
+      if (f.save == nullptr) prob.pairs = f.plan.total_pairs();
       const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
       kernels::sm90_experts_launch(prob, plan, s);
     } else {

@@ -66,6 +66,8 @@ Sm90Plan choose_sm90_plan(const Sm90Shape& s, const Sm90Device& d) {
         sm90_pad_halves_pay(tiles, s.experts, s.ffn, std::min<int64_t>(items, d.sms), kGroupTiles, d.l2_bytes);
   }
   p.tail_split = true;
+  // Swap-AB where the tiles hold fewer than kSwapAbMaxRowsPerTile real rows on average.
+  p.swap_ab = s.pairs > 0 && s.pairs < kSwapAbMaxRowsPerTile * tiles;
   return p;
 }
 
@@ -125,6 +127,7 @@ Sm90PlanOverride full_override(const Sm90Plan& p) {
   o.up_pad_halves = p.up_pad_halves;
   o.down_pad_halves = p.down_pad_halves;
   o.tail_split = p.tail_split;
+  o.swap_ab = p.swap_ab;
   return o;
 }
 
@@ -138,9 +141,10 @@ std::vector<std::pair<Sm90Shape, Sm90Plan>> sm90_plan_catalog(const Sm90Device& 
         for (int64_t rows_per_expert : {1, 64, 128, 512, 1024, 2048, 4096}) {
           // Capacity as the engine bounds it: every pair, plus each segment's padding to 128 rows.
           const int64_t rows = rows_per_expert * E;
-          Sm90Shape s{E, hidden, ffn, (rows + int64_t(E) * (kBM - 1) + kBM - 1) / kBM * kBM};
+          Sm90Shape s{E, hidden, ffn, (rows + int64_t(E) * (kBM - 1) + kBM - 1) / kBM * kBM, rows};
           const Sm90Plan p = choose_sm90_plan(s, d);
-          const std::string key = to_string(p);
+          // (swap-AB plans run the same two kernels whatever their other fields: one entry)
+          const std::string key = p.swap_ab ? std::string("swap") : to_string(p);
           auto it = best.find(key);
           if (it == best.end() || cost(s) < cost(it->second.first)) best[key] = {s, p};
         }

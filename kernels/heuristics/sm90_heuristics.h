@@ -18,6 +18,10 @@ struct Sm90Shape {
   int hidden = 0;
   int ffn = 0;
   int64_t rows_capacity = 0;
+  // The real (row, expert) pairs, or a bound of them; 0: unknown (never swap-AB). Set only where the
+  // same value reaches every launch that must match (a saving forward and its recomputing backward
+  // leave it 0, so both run the same kernels and the same h bits).
+  int64_t pairs = 0;
 };
 // What they read of the device.
 struct Sm90Device {
@@ -35,6 +39,10 @@ inline constexpr int64_t kClusterMinRowsPerExpert = 1024;
 inline constexpr int kOrderByExpertMinHidden = 4096;
 // Padding halves pay while L2 holds what one wave of CTAs streams: a quarter of L2 at most.
 inline constexpr int kPadHalvesL2Fraction = 4;
+
+// Swap-AB (weights in M, tokens in N) where the tiles (rows_capacity / 128) hold fewer real rows than
+// this on average: below it the 128-row kernels leave most SMs without a weight stream and compute padding.
+inline constexpr int64_t kSwapAbMaxRowsPerTile = 64;
 
 // A row count for checking a plan where only the shape's dims matter (check_sm90_plan reads
 // rows_capacity only to require it positive).
@@ -67,7 +75,8 @@ bool sm90_pad_halves_pay(int64_t tiles, int experts, int k_dim, int64_t grid, in
 
 // One shape per distinct plan that choose_sm90_plan returns over a sweep of shapes (E 1..256,
 // hidden 256..7168, ffn 256..2048, 1..4096 rows per expert), the smallest problem for each: what
-// the GPU suite runs so that every plan the rules can pick is tested.
+// the GPU suite runs so that every plan the rules can pick is tested. The swap-AB plans, whose other
+// fields select nothing, count as one.
 std::vector<std::pair<Sm90Shape, Sm90Plan>> sm90_plan_catalog(const Sm90Device& d);
 
 }  // namespace epmoe::kernels

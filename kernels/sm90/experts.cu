@@ -79,6 +79,7 @@ void check(const ExpertProblem& p, const Sm90Plan& plan, const char* who) {
 
 void sm90_up_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s) {
   check(p, plan, "sm90_up_launch");
+  if (plan.swap_ab) return sm90::launch_swap_ab_kernel(p, /*up=*/true, /*pdl=*/false, s);
   // The split's 192-row half needs the interleaved W1 map; where the driver rejects it every expert
   // stays on the 128-row kernel (as the plain W1 map stands in for the folded one).
   // The 192-row kernel stores no h: a saving forward (p.preact) keeps every expert on 128-row tiles.
@@ -90,6 +91,7 @@ void sm90_up_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s
 
 void sm90_down_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s, bool pdl) {
   check(p, plan, "sm90_down_launch");
+  if (plan.swap_ab) return sm90::launch_swap_ab_kernel(p, /*up=*/false, pdl, s);
   const int split = plan.down_split ? plan.split_ctas : 0;
   sm90::launch_down_kernel(p, plan, split, pdl, s);
   if (split > 0) sm90::launch_down_tall_kernel(p, split, s);

@@ -28,7 +28,7 @@ bool sm90_experts_supported(int device);
 // The device facts the heuristics read (SMs, L2 bytes).
 Sm90Device sm90_device(int device);
 // The shape the heuristics read from a problem.
-inline Sm90Shape sm90_shape(const ExpertProblem& p) { return {p.experts, p.hidden, p.ffn, p.rows_capacity}; }
+inline Sm90Shape sm90_shape(const ExpertProblem& p) { return {p.experts, p.hidden, p.ffn, p.rows_capacity, p.pairs}; }
 // The default plan for p on the current device, with `o` on top (checked).
 Sm90Plan sm90_plan_for(const ExpertProblem& p, const Sm90PlanOverride& o = {});
 

@@ -34,14 +34,15 @@ cudaLaunchAttribute sm90_cluster_pair_attr();
 // Launches `kernel` over `items` work items (cluster items when `cluster`) on its persistent grid
 // with `smem` bytes of dynamic shared memory, as 2-CTA clusters when `cluster` and as the programmatic
 // dependent of the stream's previous kernel when `pdl`.
+// sm90_launch_threads: the same with `threads` per CTA (the swap-AB kernels' 288).
 template <typename... Params, typename... Args>
-void sm90_launch(void (*kernel)(Params...), bool cluster, bool pdl, int64_t items, size_t smem, cudaStream_t s,
-                 const char* who, Args... args) {
+void sm90_launch_threads(void (*kernel)(Params...), unsigned threads, bool cluster, bool pdl, int64_t items,
+                         size_t smem, cudaStream_t s, const char* who, Args... args) {
   EPMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(cluster ? sm90_cluster_grid(items, reinterpret_cast<const void*>(kernel), smem, s, who)
                              : sm90_grid(items, who));
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cudaLaunchAttribute attr[2];
@@ -55,6 +56,11 @@ void sm90_launch(void (*kernel)(Params...), bool cluster, bool pdl, int64_t item
   cfg.attrs = attr;
   cfg.numAttrs = n_attr;
   EPMOE_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+template <typename... Params, typename... Args>
+void sm90_launch(void (*kernel)(Params...), bool cluster, bool pdl, int64_t items, size_t smem, cudaStream_t s,
+                 const char* who, Args... args) {
+  sm90_launch_threads(kernel, unsigned(kThreads), cluster, pdl, items, smem, s, who, args...);
 }
 
 // The UP kernels' in-kernel zeroing of out (ExpertProblem::zero_out): the pointer (null: none) and
@@ -77,5 +83,8 @@ void launch_up_tall_kernel(const ExpertProblem& p, int split_ctas, cudaStream_t 
 void launch_down_kernel(const ExpertProblem& p, const Sm90Plan& plan, int split_ctas, bool pdl,
                         cudaStream_t s);                                         // down_kernel.cu
 void launch_down_tall_kernel(const ExpertProblem& p, int split_ctas, cudaStream_t s);  // down_tall_kernel.cu
+// swap_ab_kernel.cu: UP (up = true; act, and h when p.preact) or DOWN (PDL-chained when pdl) with
+// the weights in wgmma's M and each tile's real rows in N.
+void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream_t s);
 
 }  // namespace epmoe::kernels::sm90

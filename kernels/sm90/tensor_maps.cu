@@ -81,6 +81,15 @@ bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidde
   return try_make_w1_map(w1, experts, hidden, ffn, 64, 2, "w1 interleaved map", map);
 }
 
+// Swap-AB: 8 gate rows, their 8 up partners, four times (64 rows: 32 act columns per box), so each
+// gate row and its partner land 8 rows apart, in one thread's accumulators of the m64 fragment.
+CUtensorMap make_w1_swap_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
+  CUtensorMap map;
+  EPMOE_CHECK(try_make_w1_map(w1, experts, hidden, ffn, 8, 4, "w1 swap map", &map), ErrorCode::cuda_error,
+              "w1 swap map: cuTensorMapEncodeTiled rejected the 8-row interleaved strides");
+  return map;
+}
+
 CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
   CUtensorMap map;
   EPMOE_CHECK(try_make_w1_folded_map(w1, experts, hidden, ffn, &map), ErrorCode::cuda_error,

@@ -26,6 +26,11 @@ bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, in
 // Returns false when the driver rejects the folded strides.
 bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map);
 
+// W1 for the swap-AB UP (swap_ab_kernel.cu): rank 4, dims {hidden, 8, 2E, ffn/8}, byte strides
+// {hidden*2, ffn*hidden*2, 8*hidden*2}, box {64, 8, 2, 4}; coordinate {k0, 0, 2e, 4j}. It lands as
+// 4 x (gate rows [32j + 8b, +8), their up partners): 64 rows, gate row r's partner 8 rows later.
+CUtensorMap make_w1_swap_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn);
+
 // Fallback for W1 when the folded map is not available: rank 3 {hidden, 2*ffn, E}, box {64, 128, 1};
 // the gate half comes from coordinate {k0, 128j, e} and the up half from {k0, ffn + 128j, e} (two
 // loads per stage, same smem layout as the folded box).

@@ -38,6 +38,10 @@ struct Sm90Plan {
   // All-padding upper tile halves run as half items (no tensor work). Single CTAs only.
   bool up_pad_halves = false, down_pad_halves = false;
   bool tail_split = true;  // the last wave's items run as row halves on twice the CTAs (single CTAs, pairs)
+  // Swap-AB (seed 004): UP and DOWN with the weights in wgmma's M and each tile's real rows in N
+  // (8..128, per tile on the device), 64 weight rows per CTA item. For experts with few rows (decode);
+  // the fields above then do not apply.
+  bool swap_ab = false;
 
   bool operator==(const Sm90Plan&) const = default;
 };
@@ -48,18 +52,18 @@ struct Sm90PlanOverride {
   std::optional<Sm90Order> up_order, down_order;
   std::optional<bool> down_cluster, up_split, down_split;
   std::optional<int> split_ctas;
-  std::optional<bool> up_pad_halves, down_pad_halves, tail_split;
+  std::optional<bool> up_pad_halves, down_pad_halves, tail_split, swap_ab;
 
   bool empty() const;
   Sm90Plan applied_to(Sm90Plan p) const;
 };
 
 // "up=pairs up_order=global down_order=expert down=single split=up+down split_ctas=132
-//  pad=down tail=on" - one line, the override syntax below reads it back.
+//  pad=down tail=on swap=off" - one line, the override syntax below reads it back.
 std::string to_string(const Sm90Plan& p);
 // Parses "key=value,key=value,..." (or space-separated): up=single|cluster|pairs,
 // order=global|expert (both kernels), up_order=, down_order=, down=single|cluster,
-// split=none|up|down|up+down, split_ctas=N, pad=none|up|down|up+down, tail=on|off.
+// split=none|up|down|up+down, split_ctas=N, pad=none|up|down|up+down, tail=on|off, swap=on|off.
 // Throws Error(invalid_argument) naming the bad token.
 Sm90PlanOverride parse_sm90_plan_override(std::string_view spec);
 

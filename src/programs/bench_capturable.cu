@@ -5,11 +5,12 @@
 // (a streaming read of all the weights).
 //
 //   epmoe_bench_capturable [--shape E,k,hidden,ffn,N] [--tokens 0,1,8,...] [--iters N] [--json PATH]
-//                          [--transport local|slots]
+//                          [--transport local|slots] [--plan SPEC]
 //
 // N = the capture's capacity (max_tokens_per_rank); T <= N. Times: the median over --iters of
 // events around one replay (graph) or one forward call (regular; it waits on the host for its count
-// exchange, so its events include that gap). Each T's graph output is checked on sampled tokens
+// exchange, so its events include that gap). --plan: an sm_90 plan override for both (epmoe/sm90_plan.h;
+// e.g. swap=off to time the 128-row kernels where the heuristics pick swap-AB). Each T's graph output is checked on sampled tokens
 // against reference_moe (fp64), and its rows past T must be zero.
 #include <cuda_runtime.h>
 
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
   int iters = 200;
   std::string json;
   CapturableTransport transport = CapturableTransport::automatic;
+  std::string plan_spec;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -82,8 +84,10 @@ int main(int argc, char** argv) {
       const std::string v = next();
       if (v != "local" && v != "slots") { std::fprintf(stderr, "--transport local|slots\n"); return 2; }
       transport = v == "local" ? CapturableTransport::local : CapturableTransport::slots;
+    } else if (a == "--plan") {
+      plan_spec = next();
     } else {
-      std::fprintf(stderr, "usage: %s [--shape E,k,hidden,ffn,N] [--tokens T,T,...] [--iters N] [--json PATH] [--transport local|slots]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--shape E,k,hidden,ffn,N] [--tokens T,T,...] [--iters N] [--json PATH] [--transport local|slots] [--plan SPEC]\n", argv[0]);
       return a == "--help" ? 0 : 2;
     }
   }
@@ -126,6 +130,7 @@ int main(int argc, char** argv) {
   opt.expert_path = ExpertPath::sm90;
   opt.max_tokens_per_rank = N;
   opt.capturable_transport = transport;
+  opt.sm90_plan = parse_sm90_plan_override(plan_spec);
   MoeLayer layer(cfg, weights, comm, opt);
   const char* transport_name = transport == CapturableTransport::slots ? "slots" : "local";
   cudaStream_t st;
@@ -157,7 +162,8 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
 
   std::printf("# epmoe_bench_capturable: E=%d k=%d hidden=%d ffn=%d capacity N=%lld, world 1, transport %s, "
-              "HBM read %.2f TB/s\n", s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, read_tbs);
+              "HBM read %.2f TB/s, plan override '%s'\n", s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, read_tbs,
+              plan_spec.c_str());
   std::printf("#%7s %8s %10s %11s %8s %12s %8s %9s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
               "regular_us", "speedup", "check");
   std::string rows;
@@ -212,9 +218,10 @@ int main(int argc, char** argv) {
     FILE* f = std::fopen(json.c_str(), "w");
     if (f) {
       std::fprintf(f, "{\"shape\": {\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"capacity\": %lld},\n"
-                      " \"transport\": \"%s\", \"hbm_read_tbs\": %s, \"iters\": %d,\n \"rows\": [\n%s\n ]}\n",
-                   s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, json_num(read_tbs).c_str(), iters,
-                   rows.c_str());
+                      " \"transport\": \"%s\", \"plan_override\": \"%s\", \"hbm_read_tbs\": %s, \"iters\": %d,\n"
+                      " \"rows\": [\n%s\n ]}\n",
+                   s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, plan_spec.c_str(), json_num(read_tbs).c_str(),
+                   iters, rows.c_str());
       std::fclose(f);
     }
   }

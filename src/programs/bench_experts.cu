@@ -57,7 +57,7 @@ const char* const kUsage =
     "          [--ab-plan SPEC_A/SPEC_B [--ab-blocks N] [--ab-only] [--ab-region full|up|down]]\n"
     "  SPEC: a plan override, key=value,... (epmoe/sm90_plan.h): up=single|cluster|pairs, order=global|expert,\n"
     "        up_order=, down_order=, down=single|cluster, split=none|up|down|up+down, split_ctas=N,\n"
-    "        pad=none|up|down|up+down, tail=on|off. An empty --ab-plan side is the default plan (with --plan).\n";
+    "        pad=none|up|down|up+down, tail=on|off, swap=on|off. An empty --ab-plan side is the default plan (with --plan).\n";
 
 void fill_hash(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   fill_hash_kernel<<<2048, 256>>>(p, n, seed, scale);
@@ -197,8 +197,10 @@ Sm90PlanOverride side_override(const Options& o, const std::string& side) {
 // A problem carrying only what the heuristics read (dims, capacity): to resolve and check the plans
 // of every shape before any buffer is allocated.
 ExpertProblem dims_problem(const Shape& s) {
-  return epmoe::kernels::make_expert_problem({nullptr, nullptr, s.E, s.hidden, s.ffn}, nullptr, s.T,
-                                             {nullptr, nullptr, nullptr, capacity(s)}, nullptr, nullptr, s.T);
+  ExpertProblem p = epmoe::kernels::make_expert_problem({nullptr, nullptr, s.E, s.hidden, s.ffn}, nullptr, s.T,
+                                                        {nullptr, nullptr, nullptr, capacity(s)}, nullptr, nullptr, s.T);
+  p.pairs = s.T * s.k;  // (the bound the engine gives the heuristics)
+  return p;
 }
 
 Result run_shape(const Shape& sh, const Options& opt) {
@@ -238,8 +240,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
   const epmoe::kernels::ExpertWeightsView wv{w1.as<__nv_bfloat16>(), w2.as<__nv_bfloat16>(), E, H, F};
   const epmoe::kernels::ExpertLayoutView lv{offs.as<int64_t>(), prow.as<int32_t>(), pw.as<float>(), cap};
   auto problem = [&](int set, bool zero_out = false) {
-    return epmoe::kernels::make_expert_problem(wv, xbuf[size_t(set)].as<__nv_bfloat16>(), T, lv,
-                                               act.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), T, zero_out);
+    ExpertProblem p = epmoe::kernels::make_expert_problem(wv, xbuf[size_t(set)].as<__nv_bfloat16>(), T, lv,
+                                                          act.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), T, zero_out);
+    p.pairs = T * k;
+    return p;
   };
   const bool table = !opt.ab_only;
   res.plan = epmoe::kernels::sm90_plan_for(problem(0), epmoe::parse_sm90_plan_override(opt.plan_spec));

@@ -203,12 +203,14 @@ struct HostCase {
   Routing rt;
   Layout L;
   int64_t cap = 0;
+  int64_t pairs = 0;  // real (row, expert) pairs: what the engine's regular forward tells the heuristics
 };
 HostCase host_case(const Case& cs) {
   HostCase h;
   h.rt = make_routing(cs.T, cs.E, cs.k, cs.route, cs.seed * 1000 + 41);
   h.L = build_layout(h.rt, cs.T, cs.k, cs.E);
   h.cap = std::max<int64_t>({h.L.total() + cs.extra_capacity, cs.min_capacity, 1});
+  for (int32_t r : h.L.x.pair_row) h.pairs += r >= 0;
   return h;
 }
 // The host split rule over `blocks` column blocks: the experts it sends to the 192-row half (their
@@ -227,7 +229,7 @@ int host_tall_experts(const Layout& L, int E, int blocks, int ctas, std::vector<
 }
 CaseStats stats_of(const Case& cs, const HostCase& h, const epmoe::Sm90Plan& plan) {
   CaseStats st;
-  st.shape = {cs.E, cs.hidden, cs.ffn, h.cap};
+  st.shape = {cs.E, cs.hidden, cs.ffn, h.cap, cs.keep_preact ? 0 : h.pairs};
   st.plan = plan;
   if (plan.up_split) st.up_tall_experts = host_tall_experts(h.L, cs.E, cs.ffn / 128, plan.split_ctas);
   if (plan.down_split) st.down_tall_experts = host_tall_experts(h.L, cs.E, (cs.hidden + 255) / 256, plan.split_ctas);
@@ -237,7 +239,7 @@ CaseStats stats_of(const Case& cs, const HostCase& h, const epmoe::Sm90Plan& pla
 CaseStats case_stats(const Case& cs, const epmoe::Sm90Plan& plan) { return stats_of(cs, host_case(cs), plan); }
 epmoe::kernels::Sm90Shape case_shape(const Case& cs) {
   const HostCase h = host_case(cs);
-  return {cs.E, cs.hidden, cs.ffn, h.cap};
+  return {cs.E, cs.hidden, cs.ffn, h.cap, cs.keep_preact ? 0 : h.pairs};
 }
 
 void run_pipeline(const ExpertProblem& p, const epmoe::Sm90Plan& plan, Mode mode) {
@@ -336,6 +338,7 @@ void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan_override, Case
       reinterpret_cast<__nv_bfloat16*>(d_act.p), reinterpret_cast<__nv_bfloat16*>(d_out.p), T, cs.zero_out);
   ExpertProblem p = p0;
   p.preact = cs.keep_preact ? reinterpret_cast<__nv_bfloat16*>(d_h.p) : nullptr;
+  p.pairs = cs.keep_preact ? 0 : hc.pairs;  // (as the engine: a saving forward leaves it unknown)
   epmoe::Sm90Plan plan;
   try {
     plan = epmoe::kernels::sm90_plan_for(p, plan_override);

@@ -14,7 +14,7 @@ std::string plan_tag(const epmoe::Sm90Plan& p) {
   auto order = [](epmoe::Sm90Order o) { return o == epmoe::Sm90Order::by_expert ? "E" : "G"; };
   return std::string(to_string(p.up_form)) + "_" + order(p.up_order) + order(p.down_order) + "_d" +
          (p.down_cluster ? "cluster" : "single") + "_s" + both(p.up_split, p.down_split) + "_p" +
-         both(p.up_pad_halves, p.down_pad_halves) + (p.tail_split ? "" : "_t0");
+         both(p.up_pad_halves, p.down_pad_halves) + (p.tail_split ? "" : "_t0") + (p.swap_ab ? "_swap" : "");
 }
 }  // namespace
 
@@ -25,7 +25,8 @@ const std::vector<CatalogCase>& catalog_cases() {
     for (const auto& [s, p] : epmoe::kernels::sm90_plan_catalog(kH200)) {
       // The pairs the engine's bound makes room for: capacity = ceil((pairs + 127 E) / 128) * 128.
       const int k = s.experts >= 2 ? 2 : 1;
-      const int64_t pairs = std::max<int64_t>(s.rows_capacity - 127 * int64_t(s.experts), 1);
+      // (A swap-AB entry: its own pairs, which the rule reads against the capacity's tiles.)
+      const int64_t pairs = p.swap_ab ? s.pairs : std::max<int64_t>(s.rows_capacity - 127 * int64_t(s.experts), 1);
       const int64_t T = std::max<int64_t>(pairs / k, 1);
       CatalogCase cc;
       char idx[8];
@@ -276,6 +277,36 @@ const std::vector<Variant>& variants() {
        "order=expert,split=up+down,split_ctas=132", 0, 0},
       {"NoSplitByExpertZipfE32K8H7168F2048T2048", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 271),
        "order=expert,split=none"},
+      // ---- swap-AB (swap_ab_kernel.cu; N = 8, 16, 32, 64 or 128 per tile from its rows): the decode
+      // sizes T = 1, 2, 8, 33, 64, 65 around the N steps on the bench shape (a CTA runs items of
+      // different N one after another on one ring: the T = 33..65 cases have 1024 items on 132 CTAs),
+      // small (the sanitizers), one expert holding every row (full 128-row tiles: N = 128), tile
+      // edges (64, 65, 1, 128, 129, 63, 192, 193 rows: every N, and the padding rows' zeros in act
+      // and h), skew, drops, single-row experts, the 7168/2048 shape, in-kernel zeroing with CTAs
+      // without items, graph replays, DOWN without PDL.
+      {"SwapSmallE4K2H256F256T64", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 300), "swap=on"},
+      {"SwapSmallTileEdgesKeepsPreactE8K1H256F256T835",
+       keeping_preact(with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 301)), "swap=on"},
+      {"SwapT1E32K4H2048F1024", with({32, 4, 2048, 1024, 1, Route::uniform, 0, 1}, 302), "swap=on"},
+      {"SwapT2E32K4H2048F1024", with({32, 4, 2048, 1024, 2, Route::uniform, 0, 2}, 303), "swap=on"},
+      {"SwapT8E32K4H2048F1024", with({32, 4, 2048, 1024, 8, Route::uniform, 0, 8}, 304), "swap=on"},
+      {"SwapT33E32K4H2048F1024", with({32, 4, 2048, 1024, 33, Route::uniform, 0, 33}, 305), "swap=on"},
+      {"SwapT64ZipfE32K4H2048F1024", with({32, 4, 2048, 1024, 64, Route::zipf, 0, 64}, 306), "swap=on"},
+      {"SwapT65ZipfE32K4H2048F1024", with({32, 4, 2048, 1024, 65, Route::zipf, 0, 65}, 307), "swap=on"},
+      {"SwapT512ZipfE32K4H2048F1024", with({32, 4, 2048, 1024, 512, Route::zipf, 0, 48}, 308), "swap=on"},
+      {"SwapOneExpertE8K2H2048F768T1000", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 309), "swap=on"},
+      {"SwapTileEdgesKeepsPreactE16K1H1024F768", keeping_preact(with({16, 1, 1024, 768, 16 * 128, Route::tile_edges, 0, 48}, 310)),
+       "swap=on"},
+      {"SwapWithDropsE16K4H2048F1024T777", with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 311), "swap=on"},
+      {"SwapSingleRowExpertsE16K1H4096F1024T12", with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 312),
+       "swap=on"},
+      {"SwapUniformE32K8H7168F2048T256", with({32, 8, 7168, 2048, 256, Route::uniform, 0, 12}, 313), "swap=on"},
+      {"SwapZeroOutAllDroppedE8K2H2048F768T300", zero_in_up(with({8, 2, 2048, 768, 300, Route::all_dropped, 256, 64}, 314)),
+       "swap=on"},
+      {"SwapZeroOutGraphCapturedZipfE32K4H2048F1024T128",
+       zero_in_up(with({32, 4, 2048, 1024, 128, Route::zipf, 31 * 128, 64}, 315, Mode::graph)), "swap=on"},
+      {"SwapSeparateNoPdlZipfE16K4H2048F1024T300", with({16, 4, 2048, 1024, 300, Route::zipf, 256, 32}, 316, Mode::separate_no_pdl),
+       "swap=on"},
   };
   return v;
 }

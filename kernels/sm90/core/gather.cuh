@@ -15,6 +15,7 @@
 //   128-row UP:   RowGather<128, 1, 8>  (16 rows per instruction, 8 row pointers per thread)
 //   pair UP:      RowGather<64, 1, 8>   (each CTA gathers 64 rows of the shared tile)
 //   192-row UP:   RowGather<128, 4, 3>  (3 row pointers: the producer fits 56 registers)
+//   swap-AB:      RowGather<128, 1, 8>  (the B tile: a tile's first N rows only, copy_below)
 #pragma once
 #include <cuda_bf16.h>
 
@@ -76,6 +77,22 @@ struct RowGather {
         cp_async_16_zfill(dst + uint32_t(R * i) * 128u + chunk, g.src[i] + kt * kBK + 8 * C * j,
                           (g.valid >> i) & 1u ? 16u : 0u);
       }
+  }
+  // copy, but only of this thread's tile rows below n_rows (a run-time count): the swap-AB kernels'
+  // B tile, whose MMA reads only its first N rows.
+  __device__ __forceinline__ void copy_below(const GatherRows<kRows>& g, uint32_t stage_off, int kt, int n_rows) const {
+    const uint32_t dst = base + stage_off;
+    const uint32_t phase = uint32_t(rg & 7);
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      if (row(i) >= n_rows) break;
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const uint32_t chunk = kChunks == 1 ? 0u : ((uint32_t(cg + C * j) ^ phase) << 4);
+        cp_async_16_zfill(dst + uint32_t(R * i) * 128u + chunk, g.src[i] + kt * kBK + 8 * C * j,
+                          (g.valid >> i) & 1u ? 16u : 0u);
+      }
+    }
   }
 };
 

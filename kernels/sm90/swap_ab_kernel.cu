@@ -1,0 +1,290 @@
+// Swap-AB UP and DOWN (seed 004): for experts with few rows, the weights take wgmma's M and a tile's
+// tokens take N, so a 1-row expert costs an m64n8 MMA per k16 step instead of an m64n256 on 127
+// padding rows, and - what matters at decode, where the layer streams weights - each CTA owns only
+// 64 weight rows of one expert: T = 1 on E = 32 k = 4 2048/1024 gives 128 UP and 128 DOWN items
+// (the 128-row kernels give 32 each, leaving 100 SMs without a weight stream).
+//   UP:   act[r, 32j + c] = bf16(silu(g) * u), g = x[pair_row[r]] . w1[e, 32j + c],
+//         u = x[pair_row[r]] . w1[e, ffn + 32j + c]      (and h = [g | u] when p.preact)
+//   DOWN: out[pair_row[r], 64j + c] += bf16(pair_weight[r] * (act[r] . w2[e, 64j + c]))
+// Work item: one 128-row layout tile (rows [128t, +128) of one expert's segment) x one 64-row weight
+// block j (UP: ffn / 32 blocks of 32 gate rows and their up partners, interleaved 8 by 8 by the swap
+// W1 map so a gate row and its partner sit in one thread's fragment; DOWN: hidden / 64 blocks of
+// W2). Item w = (j = w / tiles, t = w % tiles) over the tiles in use; persistent grid of min(SMs,
+// capacity items), CTA b taking b, b + grid, ... N = swap_ab_n(rows of the tile): 8, 16, 32, 64 or
+// 128, chosen per item on the device from pair_row (real rows are each segment's prefix), one
+// instantiation of the consumer loop per N.
+//
+// Roles (288 threads): warps 0-3 gather the tile's first N rows (B, K-major, 128B-swizzled, by
+// cp.async; rows past the real ones zero-filled), warps 4-7 are the consumer warpgroup (wgmma m64nN,
+// staged epilogue), warp 8 loads the weight boxes by TMA. The weight loads never wait for the
+// previous grid: in DOWN (PDL-launched after UP) they start while UP finishes; the gather and the
+// epilogue wait for it (act, and out zeroed by UP). Every stage's full barrier takes the TMA bytes
+// and one cp.async arrival per gathering thread; its empty barrier one arrival per consumer thread.
+//
+// Staging: UP stores act (and h) through shared memory as [128 rows][32] tiles with 16-byte rows
+// out, writing zeros for the tile's padding rows (backward reads act and h over whole segments);
+// DOWN weights the rows and reduces 16-byte chunks of its real rows into out (red.global.add).
+#include "kernels/sm90/core/gather.cuh"
+#include "kernels/sm90/core/ring.cuh"
+#include "kernels/sm90/core/wgmma_narrow.cuh"
+#include "kernels/sm90/launch.cuh"
+#include "kernels/sm90/tensor_maps.cuh"
+#include "kernels/sm90/up_common.cuh"
+#include "kernels/sm90/work_items.cuh"
+#include "kernels/sm90/zero_out.cuh"
+
+namespace epmoe::kernels::sm90 {
+
+struct SwapArgs {
+  const int64_t* padded_offsets;
+  int experts, hidden, ffn;
+  const __nv_bfloat16* src;  // UP: x (rows pair_row[r]); DOWN: act (rows r)
+  int64_t src_rows;
+  const int32_t* pair_row;
+  const float* pair_weight;
+  __nv_bfloat16* act;     // UP
+  __nv_bfloat16* preact;  // UP, optional
+  __nv_bfloat16* out;     // DOWN
+  int64_t out_rows;
+  __nv_bfloat16* zero_out;  // UP, optional (ExpertProblem::zero_out)
+  int64_t zero_chunks;
+};
+
+#if EPMOE_SM90A_DEVICE
+namespace {
+
+struct SwapItem {
+  int64_t m0;  // first row of the tile
+  int j;       // weight block
+  int e;       // expert
+};
+// Whole warp (expert_of_tile ballots).
+__device__ __forceinline__ SwapItem swap_item(const SwapArgs& a, int64_t w, int64_t tiles) {
+  SwapItem it;
+  it.j = int(w / tiles);
+  it.m0 = (w - int64_t(it.j) * tiles) * kBM;
+  it.e = expert_of_tile(a.padded_offsets, a.experts, it.m0);
+  return it;
+}
+// Real rows of the tile at m0 (its segment's prefix). Whole warp.
+__device__ __forceinline__ int tile_rows(const int32_t* __restrict__ pair_row, int64_t m0) {
+  const int lane = int(threadIdx.x & 31);
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kBM / 32; ++i) n += __popc(__ballot_sync(0xffffffffu, pair_row[m0 + 32 * i + lane] >= 0));
+  return n;
+}
+
+__device__ __forceinline__ void st_shared_bf16(uint32_t addr, float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&b)) : "memory");
+}
+
+// The consumer warpgroup's item at N: the k loop on the ring, then the epilogue. wl: warp in the
+// warpgroup (0..3); fragment rows 16 wl + lane / 4 + 8 h, token columns 8 g + 2 (lane % 4) + b.
+template <bool kUp, int N>
+__device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& it, int rows, RingCursor<kSwapStages>& cur,
+                                             const Ring<kSwapStages>& ring, uint32_t ring_base, uint32_t stg,
+                                             int num_k, int wl, int lane) {
+  float acc[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
+  const uint32_t d0 = pin_u32(smem_desc_sw128_lo(ring_base));
+  for (int kt = 0; kt < num_k; ++kt) {
+    const uint32_t s = cur.stage();
+    mbar_wait(ring.full(s), cur.parity());
+    fence_proxy_async_shared();  // B came by cp.async (generic proxy); wgmma reads through the async one
+    const uint32_t da = d0 + s * (kSwapStageBytes >> 4), db = da + (kSwapATileBytes >> 4);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)
+      Wgmma<N>::mma(acc, smem_desc_sw128_join(da + kKMajorK16Step * kk), smem_desc_sw128_join(db + kKMajorK16Step * kk));
+    wgmma_commit();
+    if (kt > 0) {
+      wgmma_wait<1>();
+      mbar_arrive(ring.empty(cur.prev_stage()));
+    }
+    cur.advance();
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  mbar_arrive(ring.empty(cur.prev_stage()));
+
+  const int tid = int(threadIdx.x) - 128;  // 0..127
+  named_barrier_sync(1, 128);              // the previous item's copy-out has read the staging rows
+  if constexpr (kUp) {
+    const int c = 8 * wl + (lane >> 2);  // act column in the item's 32: gate row (h 0), partner (h 1)
+    const uint32_t stg_g = stg + kBM * kSwapUpStride * 2, stg_u = stg_g + kBM * kSwapUpStride * 2;
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int t = 8 * g + 2 * (lane & 3) + b;
+        const float gate = acc[4 * g + b], up = acc[4 * g + 2 + b];
+        const uint32_t off = uint32_t(t * kSwapUpStride + c) * 2u;
+        st_shared_bf16(stg + off, silu_tanh(gate) * up);
+        if (a.preact != nullptr) {
+          st_shared_bf16(stg_g + off, gate);
+          st_shared_bf16(stg_u + off, up);
+        }
+      }
+    named_barrier_sync(1, 128);
+    // All 128 rows of the tile x 4 chunks of 8 columns: the real rows from the staging, zeros after.
+    const int64_t ffn = a.ffn;
+    for (int q = tid; q < kBM * 4; q += 128) {
+      const int r = q >> 2, part = q & 3;
+      const uint32_t off = uint32_t(r * kSwapUpStride + 8 * part) * 2u;
+      const int64_t row = it.m0 + r, col = 32 * int64_t(it.j) + 8 * part;
+      uint32_t v[4] = {0u, 0u, 0u, 0u};
+      if (r < rows) ld_shared_16(stg + off, v);
+      st_global_16(a.act + row * ffn + col, v);
+      if (a.preact != nullptr) {
+        if (r < rows) ld_shared_16(stg_g + off, v);
+        st_global_16(a.preact + row * 2 * ffn + col, v);
+        if (r < rows) ld_shared_16(stg_u + off, v);
+        st_global_16(a.preact + row * 2 * ffn + ffn + col, v);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int t = 8 * g + 2 * (lane & 3) + b;
+        const float wt = t < rows ? a.pair_weight[it.m0 + t] : 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int f = 16 * wl + (lane >> 2) + 8 * h;
+          st_shared_bf16(stg + uint32_t(t * kSwapDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
+        }
+      }
+    named_barrier_sync(1, 128);
+    for (int q = tid; q < rows * 8; q += 128) {
+      const int r = q >> 3, part = q & 7;
+      const int32_t pr = a.pair_row[it.m0 + r];
+      if (pr < 0 || int64_t(pr) >= a.out_rows) continue;
+      uint32_t v[4];
+      ld_shared_16(stg + uint32_t(r * kSwapDownStride + 8 * part) * 2u, v);
+      red_add_bf16x8(a.out + int64_t(pr) * a.hidden + 64 * it.j + 8 * part, v);
+    }
+  }
+}
+
+}  // namespace
+#endif  // EPMOE_SM90A_DEVICE
+
+template <bool kUp>
+__global__ void __launch_bounds__(kSwapThreads, 1)
+    sm90_swap_ab_kernel(const __grid_constant__ CUtensorMap tm_w, const SwapArgs a) {
+#if EPMOE_SM90A_DEVICE
+  __shared__ __align__(8) uint64_t bars[2 * kSwapStages];  // full[0..S), empty[0..S)
+  extern __shared__ uint8_t dyn_smem[];
+  uint8_t* ring_mem = align_1024(dyn_smem);
+  const uint32_t ring_base = smem_u32(ring_mem);  // S x (A: 64 weight rows x 64, B: 128 rows x 64)
+  const uint32_t stg = ring_base + kSwapStages * kSwapStageBytes;
+  const Ring<kSwapStages> ring{smem_u32(&bars[0]), smem_u32(&bars[kSwapStages])};
+
+  const int64_t tiles = a.padded_offsets[a.experts] / kBM;
+  const int blocks = kUp ? a.ffn / 32 : a.hidden / kSwapWeightRows;
+  const int64_t items = tiles * blocks;
+  const int k_dim = kUp ? a.hidden : a.ffn;
+  const int num_k = k_dim / kBK;
+  ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
+  if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
+    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kSwapThreads);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    ring.init(1 + kSwapGatherThreads, 128);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if constexpr (kUp) grid_launch_dependents();  // DOWN's prologue and weight loads may start
+
+  const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  const int64_t first = blockIdx.x, stride = gridDim.x;
+  if (warp < 4) {
+    // ---- B: the tile's first N rows, every K step ----
+    const int t = int(threadIdx.x);
+    const RowGather<kSwapGatherThreads, 1, 8> gather(ring_base + kSwapATileBytes, t);
+    grid_dependency_wait();  // x / act come from the previous kernel (no-op unless PDL-launched)
+    RingCursor<kSwapStages> cur;
+    for (int64_t w = first; w < items; w += stride) {
+      const SwapItem it = swap_item(a, w, tiles);
+      const int rows = tile_rows(a.pair_row, it.m0), n = swap_ab_n(rows);
+      const GatherRows<8> src = gather.rows(a.src, a.src_rows, k_dim, [&](int i) {
+        const int r = gather.row(i);
+        if (r >= rows) return int32_t(-1);
+        return kUp ? a.pair_row[it.m0 + r] : int32_t(it.m0 + r);
+      });
+      zero_step(zero, zero.per_item, t, kSwapGatherThreads);
+      for (int kt = 0; kt < num_k; ++kt, cur.advance()) {
+        const uint32_t s = cur.stage();
+        ring.wait_empty(cur);
+        gather.copy_below(src, s * kSwapStageBytes, kt, n);
+        cp_async_mbar_arrive_noinc(ring.full(s));
+      }
+    }
+    zero_step(zero, zero.end - zero.next, t, kSwapGatherThreads);
+    cp_async_wait_all();
+  } else if (warp < 8) {
+    // ---- consumer warpgroup ----
+    grid_dependency_wait();  // DOWN reduces into out, which UP zeroed
+    RingCursor<kSwapStages> cur;
+    for (int64_t w = first; w < items; w += stride) {
+      const SwapItem it = swap_item(a, w, tiles);
+      const int rows = tile_rows(a.pair_row, it.m0);
+      switch (swap_ab_n(rows)) {
+        case 8: swap_consume<kUp, 8>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        case 16: swap_consume<kUp, 16>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        case 32: swap_consume<kUp, 32>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        case 64: swap_consume<kUp, 64>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        default: swap_consume<kUp, 128>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+      }
+    }
+  } else {
+    // ---- weights: one 64-row box per stage ----
+    if (lane == 0) tma_prefetch_desc(&tm_w);
+    RingCursor<kSwapStages> cur;
+    for (int64_t w = first; w < items; w += stride) {
+      const SwapItem it = swap_item(a, w, tiles);
+      for (int kt = 0; kt < num_k; ++kt, cur.advance()) {
+        const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kSwapStageBytes;
+        ring.wait_empty(cur);
+        if (lane == 0) {
+          mbar_arrive_expect_tx(full, kSwapATileBytes);
+          if constexpr (kUp) tma_load_4d(dst, &tm_w, full, kt * kBK, 0, 2 * it.e, 4 * it.j);
+          else tma_load_3d(dst, &tm_w, full, kt * kBK, kSwapWeightRows * it.j, it.e);
+        }
+        __syncwarp();
+      }
+    }
+  }
+#else
+  (void)a;
+#endif
+}
+
+void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream_t s) {
+  EPMOE_CHECK(p.ffn % 32 == 0 && p.hidden % kSwapWeightRows == 0, ErrorCode::invalid_argument,
+              "swap-AB kernels: ffn % 32 and hidden % 64 must be 0 (ffn ", p.ffn, ", hidden ", p.hidden, ")");
+  SwapArgs a{};
+  a.padded_offsets = p.padded_offsets;
+  a.experts = p.experts, a.hidden = p.hidden, a.ffn = p.ffn;
+  a.src = up ? p.x : p.act;
+  a.src_rows = up ? p.x_rows : p.rows_capacity;
+  a.pair_row = p.pair_row, a.pair_weight = p.pair_weight;
+  a.act = p.act, a.preact = p.preact;
+  a.out = p.out, a.out_rows = p.out_rows;
+  a.zero_out = up ? zero_out_ptr(p) : nullptr;
+  a.zero_chunks = up ? zero_out_chunks(p) : 0;
+  const CUtensorMap tm = up ? make_w1_swap_map(p.w1, p.experts, p.hidden, p.ffn)
+                            : make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kSwapWeightRows);
+  const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
+  const int64_t items = tiles * (up ? p.ffn / 32 : p.hidden / kSwapWeightRows);
+  sm90_launch_threads(up ? sm90_swap_ab_kernel<true> : sm90_swap_ab_kernel<false>, unsigned(kSwapThreads),
+                      /*cluster=*/false, pdl, items, kSwapSmemBytes, s, up ? "sm90_swap_ab_up" : "sm90_swap_ab_down",
+                      tm, a);
+}
+
+}  // namespace epmoe::kernels::sm90
