@@ -14,8 +14,9 @@
 #   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad*:
 #                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
 #   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
-#                  and test_layout_gpu, and on test_backward_gpu's small cases; memcheck on
-#                  test_forward_gpu (all but the past-2^31 case)
+#                  and test_layout_gpu, and on test_backward_gpu's small cases; initcheck + synccheck
+#                  on the small sm90 case of every kernel form and on test_layout_gpu; memcheck on
+#                  test_capturable_gpu and test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_capturable  epmoe_bench_capturable: forward_capturable under graph replay at T = 0..512 vs the
 #                  regular forward vs the weight-streaming floor (logs/bench_capturable.json)
@@ -248,9 +249,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_swap_ab*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /HGMMA/) h[name]++
@@ -273,7 +274,7 @@ stage_sass() {
 }
 
 # sanitize_one BINARY FILTER SHARE_S TOOLS [OPTION...]: each compute-sanitizer tool of TOOLS (a comma
-# list: memcheck, racecheck) on one test binary and filter, each under SHARE_S seconds, with the extra
+# list: memcheck, racecheck, initcheck, synccheck) on one test binary and filter, each under SHARE_S seconds, with the extra
 # sanitizer OPTIONs; appends "name (n): tool <summary> (rc), ..." to SAN_FIGS and returns nonzero on a
 # finding, a failed test or a timeout. A missing binary or an empty filter is noted, not failed.
 sanitize_one() {
@@ -311,6 +312,11 @@ stage_sanitizer() {
   local rc=0 left=$(( STAGE_DEADLINE - SECONDS ))
   sanitize_one test_sm90_experts '*Small*' $(( left * 3 / 10 )) memcheck,racecheck || rc=1
   sanitize_one test_layout_gpu '*' $(( left / 10 )) memcheck,racecheck || rc=1
+  # uninitialized reads and barrier misuse: the small case under every kernel form (the variant rows
+  # named *SmallE4K2H256F256T64: single, pairs, clusters, by expert, split, tail halves, zero-out,
+  # swap-AB) and the layout kernels
+  sanitize_one test_sm90_experts '*SmallE4K2H256F256T64*' $(( left / 10 )) initcheck,synccheck || rc=1
+  sanitize_one test_layout_gpu '*' $(( left / 20 )) initcheck,synccheck || rc=1
   # the backward's kernels: the sm_90 wgrad kernel (h/f 256 cases), the SwiGLU backward, the row-pair
   # map and reduce, the weight-gradient scatter; T = 0 / 1 and nothing routed
   sanitize_one test_backward_gpu '*h256_f256_w1_uniform_sm90*:*T1:*T0:*all_dropped*' $(( left / 5 )) \
