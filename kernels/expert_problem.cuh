@@ -18,6 +18,9 @@
 //   out[out_rows, hidden] bf16         accumulator, zeroed before the experts run (by the caller, or
 //                                      with zero_out by the sm_90 UP kernel itself):
 //                                      out[pair_row[i]] += pair_weight[i] * (act[i] @ w2_e^T)
+//   pair_out[rows_capacity, hidden]    optional (deterministic mode): DOWN stores each real pair's
+//                                      bf16(pair_weight[i] * (act[i] @ w2_e^T)) in row i instead, out
+//                                      untouched; the caller sums a row's pairs in a fixed order
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -41,6 +44,7 @@ struct ExpertProblem {
   __nv_bfloat16* act = nullptr;
   __nv_bfloat16* preact = nullptr;  // (sm_90 UP: h kept for backward)
   __nv_bfloat16* out = nullptr;
+  __nv_bfloat16* pair_out = nullptr;  // (deterministic mode; see above)
   int64_t rows_capacity = 0;  // rows allocated in act/pair_* (and xs): >= padded_offsets[E_local]
   int64_t out_rows = 0;
   int experts = 0;            // E_local

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "gpu_engine_impl.cuh"
+#include "kernels/backward/row_pairs.cuh"
 #include "kernels/ep/combine_reduce.cuh"
 #include "kernels/ep/dispatch_layout.cuh"
 #include "kernels/ep/expert_layout.cuh"
@@ -438,6 +439,10 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
     const kernels::ExpertWeightsView w{w1_, w2_, El, cfg.hidden, cfg.ffn};
     kernels::ExpertProblem prob = kernels::make_expert_problem(w, recv_x_.as<__nv_bfloat16>(), R, layout,
                                                                act_.as<__nv_bfloat16>(), combine_.as<__nv_bfloat16>(), R);
+    if (opt_.deterministic) {  // each pair's output to its own row; summed below in slot order
+      det_pair_out_.ensure(size_t(P) * cfg.hidden * sizeof(bf16));
+      prob.pair_out = det_pair_out_.as<__nv_bfloat16>();
+    }
     if (saving_h) {
       run_experts_saving_h(f, prob, s);
     } else if (path == ExpertPath::sm90) {
@@ -452,6 +457,13 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       prob.xs = xs_.as<__nv_bfloat16>();
       kernels::cublas_experts_launch(prob, h_expert_, h_expert_ + El + 1, cublas_, cublas_ptrs_, cublas_ws_.as<void>(),
                                      cublas_ws_.bytes(), s);
+    }
+    if (opt_.deterministic) {  // combine row r = bf16(sum over its slots j ascending of pair_out[row_pair[r, j]])
+      det_row_pair_.ensure(size_t(R) * cfg.top_k * sizeof(int32_t));
+      kernels::row_pair_map_launch(d_expert_off_, El, pair_row_.as<int32_t>(), P, recv_meta_.as<int32_t>(), R,
+                                   cfg.top_k, det_row_pair_.as<int32_t>(), s);
+      kernels::reduce_row_pairs_launch(det_pair_out_.as<__nv_bfloat16>(), nullptr, det_row_pair_.as<int32_t>(), R,
+                                       cfg.top_k, cfg.hidden, combine_.as<__nv_bfloat16>(), nullptr, s);
     }
   }
   record(kExpertsEnd, s);

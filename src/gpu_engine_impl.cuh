@@ -139,6 +139,9 @@ class GpuEngine final : public MoeLayer::Engine {
   DeviceBuffer token_row_, send_meta_, send_token_, layout_ws_;
   // count-sized (send_x_ also receives the combine: the dispatch is done with it by then)
   DeviceBuffer send_x_, recv_x_, recv_meta_, combine_, xs_, act_, pair_row_, pair_weight_, expert_ws_, cublas_ws_;
+  // the deterministic forward's (LayerOptions::deterministic): each pair's expert output, the row ->
+  // pair map its fixed-order sum reads
+  DeviceBuffer det_pair_out_, det_row_pair_;
   // the backward's scratch (count-sized): dy rows expert-sorted, da, dh, act_s, dx per pair, ds per
   // pair, the row -> pair map, ds per (row, slot) on both sides
   DeviceBuffer b_dys_, b_da_, b_dh_, b_act_s_, b_dxp_, b_ds_pair_, b_row_pair_, b_ds_rows_, b_ds_back_, b_h_;
@@ -149,7 +152,7 @@ class GpuEngine final : public MoeLayer::Engine {
                       &recv_meta_, &combine_,   &xs_,        &act_,        &pair_row_,  &pair_weight_,
                       &expert_ws_, &cublas_ws_, &b_dys_,     &b_da_,       &b_dh_,      &b_act_s_,  &b_dxp_,
                       &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_, &cap_layout_, &cap_act_,
-                      &cap_slots_};
+                      &cap_slots_, &det_pair_out_, &det_row_pair_};
   }
 
   // the capturable forward's (sized once, for max_tokens_per_rank; gpu_capturable.cu carves them):

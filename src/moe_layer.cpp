@@ -31,6 +31,8 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shar
       EPMOE_CHECK(cfg.world_size == 1 || options.capturable_transport != CapturableTransport::local,
                   ErrorCode::invalid_argument, "capturable_transport local needs world size 1; world size ",
                   cfg.world_size);
+      EPMOE_CHECK(!options.deterministic, ErrorCode::unsupported,
+                  "deterministic with max_tokens_per_rank: the capturable forward reduces its pairs in any order");
     }
   } catch (const Error& e) {
     local = e;

@@ -41,9 +41,11 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = int(threadIdx.x & 31);
   if (r >= recv_rows) return;
   const int32_t* rp = row_pair + r * top_k;
-  if (lane < top_k) ds_rows[r * top_k + lane] = rp[lane] >= 0 ? ds_pair[rp[lane]] : 0.f;
-  for (int j = 32; j < top_k; ++j)  // (top_k > 32)
-    if (lane == 0) ds_rows[r * top_k + j] = rp[j] >= 0 ? ds_pair[rp[j]] : 0.f;
+  if (ds_rows != nullptr) {
+    if (lane < top_k) ds_rows[r * top_k + lane] = rp[lane] >= 0 ? ds_pair[rp[lane]] : 0.f;
+    for (int j = 32; j < top_k; ++j)  // (top_k > 32)
+      if (lane == 0) ds_rows[r * top_k + j] = rp[j] >= 0 ? ds_pair[rp[j]] : 0.f;
+  }
   for (int v = lane; v < vecs; v += 32) {
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
     for (int j = 0; j < top_k; ++j) {

@@ -7,7 +7,8 @@
 //     The slot order is the order the source reads the row's ds back in (protocol::scatter_weight_grads).
 //   reduce_row_pairs: dx_rows[r] = bf16( sum over j ascending of float(dxp[row_pair[r, j]]) ) and
 //     ds_rows[r, j] = ds_pair[row_pair[r, j]] (0 where row_pair is -1): one dx row and k ds per row,
-//     in a fixed order (no atomics: the same bits every run).
+//     in a fixed order (no atomics: the same bits every run). ds_rows null: no ds (the deterministic
+//     forward sums its pairs' expert outputs with it).
 // Pointers are device pointers; hidden % 8 == 0 and 16-byte aligned rows.
 #pragma once
 #include <cuda_bf16.h>

@@ -48,18 +48,35 @@ __global__ void swiglu_kernel(const uint4* __restrict__ up, const int32_t* __res
   }
 }
 
-// out[pair_row[i]] += pair_weight[i] * down[i] for every xs row i with pair_row[i] >= 0.
+// out[pair_row[i]] += pair_weight[i] * down[i] for every xs row i with pair_row[i] >= 0 (with pair_out:
+// pair_out[i] = bf16(pair_weight[i] * down[i]) instead).
 // down[rows, hidden] bf16 -> out[out_rows, hidden] bf16 (bf16x2 atomics: rows of one token that
 // went to several local experts add into the same out row). One warp per row, 8 columns per lane.
 constexpr int kWarpsPerBlock = 8;
 __global__ void weighted_scatter_add_kernel(const uint4* __restrict__ down, const int32_t* __restrict__ pair_row,
                                             const float* __restrict__ pair_weight, int64_t rows, int hidden_vecs,
-                                            __nv_bfloat16* __restrict__ out) {
+                                            __nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ pair_out) {
   const int64_t i = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (i >= rows) return;
   const int32_t dst = pair_row[i];
   if (dst < 0) return;
   const float w = pair_weight[i];
+  if (pair_out != nullptr) {  // deterministic mode: the pair's own row, no reduction
+    uint4* po = reinterpret_cast<uint4*>(pair_out + i * hidden_vecs * 8);
+    for (int v = threadIdx.x % 32; v < hidden_vecs; v += 32) {
+      const uint4 d8 = down[i * hidden_vecs + v];
+      const __nv_bfloat162* d = reinterpret_cast<const __nv_bfloat162*>(&d8);
+      uint4 o;
+      __nv_bfloat162* ob = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float2 f = __bfloat1622float2(d[q]);
+        ob[q] = __floats2bfloat162_rn(w * f.x, w * f.y);
+      }
+      po[v] = o;
+    }
+    return;
+  }
   __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(out + int64_t(dst) * hidden_vecs * 8);
   for (int v = threadIdx.x % 32; v < hidden_vecs; v += 32) {
     const uint4 d8 = down[i * hidden_vecs + v];
@@ -130,7 +147,7 @@ void cublas_down_launch(const ExpertProblem& p, const int64_t* off, const int64_
   const int64_t P = off[El];
   const int64_t blocks = (P + kWarpsPerBlock - 1) / kWarpsPerBlock;
   weighted_scatter_add_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      reinterpret_cast<const uint4*>(down), p.pair_row, p.pair_weight, P, H / 8, p.out);
+      reinterpret_cast<const uint4*>(down), p.pair_row, p.pair_weight, P, H / 8, p.out, p.pair_out);
   EPMOE_CUDA_CHECK_LAUNCH("weighted_scatter_add_kernel");
 }
 

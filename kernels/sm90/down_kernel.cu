@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                      const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                      const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                     int hidden, int ffn, int by_expert, int tail_split, int pad_halves, int split_ctas) {
+                     int hidden, int ffn, int by_expert, int tail_split, int pad_halves, int split_ctas,
+                     int store_pairs) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
   __shared__ int2 item_slots[kStages];                 // the producer's item hand-off (publish_item)
@@ -196,7 +197,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                     const int32_t orow = stage_rows[64 * c + r];
                     uint32_t v[4];
                     ld_shared_16(stg + staged_half_offset(r, j), v);
-                    if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
+                    if (orow < 0) continue;
+                    __nv_bfloat16* dst = out + int64_t(orow) * hidden + col0 + 8 * j;
+                    if (store_pairs) st_global_16(dst, v);
+                    else red_add_bf16x8(dst, v);
                   }
                 }
                 mbar_arrive(drained0 + 8 * c);  // every lane: its arrival releases its own reads
@@ -238,7 +242,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                                              const int64_t row0 = item.m0 + c * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
                                              for (int h = 0; h < 2; ++h) {
+                                               // (store_pairs: the pair's own row of pair_out)
                                                prow[h] = pair_row[row0 + 8 * h];
+                                               if (store_pairs && prow[h] >= 0) prow[h] = int32_t(row0 + 8 * h);
                                                pw[h] = pair_weight[row0 + 8 * h];
                                              }
                                            });
@@ -271,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kCluster) cluster_sync();  // as in the UP kernel
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)by_expert, (void)tail_split, (void)pad_halves, (void)split_ctas;
+      (void)by_expert, (void)tail_split, (void)pad_halves, (void)split_ctas, (void)store_pairs;
 #endif
 }
 
@@ -285,8 +291,9 @@ void launch_down_kernel(const ExpertProblem& p, const Sm90Plan& plan, int split_
   const int64_t items = sm90_work_items(tiles, p.experts, (p.hidden + kBN - 1) / kBN, cluster, by_expert);
   const size_t smem = dyn_smem_bytes(by_expert, p.experts, kDownStagingBytes);
   sm90_launch(cluster ? sm90_down_kernel<true> : sm90_down_kernel<false>, cluster, pdl, items, smem, s,
-              "sm90_down_kernel", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
-              p.hidden, p.ffn, by_expert ? 1 : 0, plan.tail_split ? 1 : 0, plan.down_pad_halves ? 1 : 0, split_ctas);
+              "sm90_down_kernel", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight,
+              p.pair_out ? p.pair_out : p.out, p.experts, p.hidden, p.ffn, by_expert ? 1 : 0, plan.tail_split ? 1 : 0,
+              plan.down_pad_halves ? 1 : 0, split_ctas, p.pair_out ? 1 : 0);
 }
 
 }  // namespace epmoe::kernels::sm90

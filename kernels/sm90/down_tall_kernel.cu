@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     sm90_down_tall_kernel(const __grid_constant__ CUtensorMap tm_act, const __grid_constant__ CUtensorMap tm_w2,
                           const int64_t* __restrict__ padded_offsets, const int32_t* __restrict__ pair_row,
                           const float* __restrict__ pair_weight, __nv_bfloat16* __restrict__ out, int experts,
-                          int hidden, int ffn, int split_ctas) {
+                          int hidden, int ffn, int split_ctas, int store_pairs) {
 #if EPMOE_SM90A_DEVICE
   constexpr int S = kTallDownStages;
   __shared__ __align__(8) uint64_t bars[2 * S];  // full[0..S), empty[0..S)
@@ -87,7 +87,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             const TallItem t = tall_item(w, item_off, seg64, experts, nn, kGroupTiles);
             named_barrier_sync(kTallReduceBarrier, 32 * kReducerWarps);  // the previous item's reads are done
             for (int r = int(threadIdx.x) - 32; r < kTallRows; r += 32 * kReducerWarps)
-              tile_rows[r] = r < t.rows ? pair_row[t.m0 + r] : -1;
+              tile_rows[r] = r >= t.rows || pair_row[t.m0 + r] < 0 ? -1
+                             : store_pairs ? int32_t(t.m0 + r)  // (pair_out: the pair's own row)
+                                           : pair_row[t.m0 + r];
             named_barrier_sync(kTallReduceBarrier, 32 * kReducerWarps);
             const int n0 = t.nb * kBN;
 #pragma unroll 1  // (unrolled, the reducers spill at 40 registers)
@@ -102,7 +104,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const int32_t orow = tile_rows[(chunk < 2 ? 64 * c : 128) + r];
                   uint32_t v[4];
                   ld_shared_16(half + staged_half_offset(r, j), v);
-                  if (orow >= 0) red_add_bf16x8(out + int64_t(orow) * hidden + col0 + 8 * j, v);
+                  if (orow < 0) continue;
+                  __nv_bfloat16* dst = out + int64_t(orow) * hidden + col0 + 8 * j;
+                  if (store_pairs) st_global_16(dst, v);
+                  else red_add_bf16x8(dst, v);
                 }
               }
               mbar_arrive(drained0 + 8 * c);  // every reducer lane releases its own reads
@@ -188,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       });
 #else
   (void)padded_offsets, (void)pair_row, (void)pair_weight, (void)out, (void)experts, (void)hidden, (void)ffn,
-      (void)split_ctas;
+      (void)split_ctas, (void)store_pairs;
 #endif
 }
 
@@ -202,8 +207,8 @@ void launch_down_tall_kernel(const ExpertProblem& p, int split_ctas, cudaStream_
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, kTallRows);
   const CUtensorMap tm_w2 = make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kBN);
   sm90_launch(sm90_down_tall_kernel, /*cluster=*/false, /*pdl=*/true, tiles * nn, tall_down_smem_bytes(p.experts), s,
-              "sm90_down_tall_kernel", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight, p.out, p.experts,
-              p.hidden, p.ffn, split_ctas);
+              "sm90_down_tall_kernel", tm_act, tm_w2, p.padded_offsets, p.pair_row, p.pair_weight,
+              p.pair_out ? p.pair_out : p.out, p.experts, p.hidden, p.ffn, split_ctas, p.pair_out ? 1 : 0);
 }
 
 }  // namespace epmoe::kernels::sm90

@@ -46,6 +46,7 @@ struct SwapArgs {
   __nv_bfloat16* preact;  // UP, optional
   __nv_bfloat16* out;     // DOWN
   int64_t out_rows;
+  __nv_bfloat16* pair_out;  // DOWN, optional (deterministic mode): each pair's row instead of out
   __nv_bfloat16* zero_out;  // UP, optional (ExpertProblem::zero_out)
   int64_t zero_chunks;
 };
@@ -165,7 +166,9 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
       if (pr < 0 || int64_t(pr) >= a.out_rows) continue;
       uint32_t v[4];
       ld_shared_16(stg + uint32_t(r * kSwapDownStride + 8 * part) * 2u, v);
-      red_add_bf16x8(a.out + int64_t(pr) * a.hidden + 64 * it.j + 8 * part, v);
+      const int64_t col = 64 * int64_t(it.j) + 8 * part;
+      if (a.pair_out != nullptr) st_global_16(a.pair_out + (it.m0 + r) * a.hidden + col, v);
+      else red_add_bf16x8(a.out + int64_t(pr) * a.hidden + col, v);
     }
   }
 }
@@ -276,6 +279,7 @@ void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream
   a.pair_row = p.pair_row, a.pair_weight = p.pair_weight;
   a.act = p.act, a.preact = p.preact;
   a.out = p.out, a.out_rows = p.out_rows;
+  a.pair_out = up ? nullptr : p.pair_out;
   a.zero_out = up ? zero_out_ptr(p) : nullptr;
   a.zero_chunks = up ? zero_out_chunks(p) : 0;
   const CUtensorMap tm = up ? make_w1_swap_map(p.w1, p.experts, p.hidden, p.ffn)

@@ -87,6 +87,11 @@ struct LayerOptions {
   // allocated at construction. Needs the GPU engine on the sm_90 path.
   int64_t max_tokens_per_rank = 0;
   CapturableTransport capturable_transport = CapturableTransport::automatic;
+  // Bitwise-reproducible forward: the GPU engine's DOWN stores each (row, expert) pair's weighted
+  // output, and a kernel sums a row's pairs in slot order (fp32, one rounding) instead of the
+  // order-free bf16 reductions into the row (costs a [pairs, hidden] bf16 buffer and one pass over
+  // it). The backward and the CPU engine are deterministic either way. Not with max_tokens_per_rank.
+  bool deterministic = false;
 };
 
 // What the last forward did, for the programs and benchmarks.

@@ -9,7 +9,7 @@
 //
 // N = the capture's capacity (max_tokens_per_rank); T <= N. Times: the median over --iters of
 // events around one replay (graph) or one forward call (regular; it waits on the host for its count
-// exchange, so its events include that gap). --plan: an sm_90 plan override for both (epmoe/sm90_plan.h;
+// exchange, so its events include that gap), and the regular forward in deterministic mode (determ_us). --plan: an sm_90 plan override for both (epmoe/sm90_plan.h;
 // e.g. swap=off to time the 128-row kernels where the heuristics pick swap-AB). Each T's graph output is checked on sampled tokens
 // against reference_moe (fp64), and its rows past T must be zero.
 #include <cuda_runtime.h>
@@ -132,6 +132,12 @@ int main(int argc, char** argv) {
   opt.capturable_transport = transport;
   opt.sm90_plan = parse_sm90_plan_override(plan_spec);
   MoeLayer layer(cfg, weights, comm, opt);
+  // The regular forward in deterministic mode (LayerOptions::deterministic; not capturable): its cost
+  // against the regular forward's.
+  LayerOptions opt_det = opt;
+  opt_det.max_tokens_per_rank = 0;
+  opt_det.deterministic = true;
+  MoeLayer layer_det(cfg, weights, comm, opt_det);
   const char* transport_name = transport == CapturableTransport::slots ? "slots" : "local";
   cudaStream_t st;
   EPMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -164,8 +170,8 @@ int main(int argc, char** argv) {
   std::printf("# epmoe_bench_capturable: E=%d k=%d hidden=%d ffn=%d capacity N=%lld, world 1, transport %s, "
               "HBM read %.2f TB/s, plan override '%s'\n", s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, read_tbs,
               plan_spec.c_str());
-  std::printf("#%7s %8s %10s %11s %8s %12s %8s %9s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
-              "regular_us", "speedup", "check");
+  std::printf("#%7s %8s %10s %11s %8s %12s %8s %11s %9s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
+              "regular_us", "speedup", "determ_us", "check");
   std::string rows;
   bool all_ok = true;
   for (int64_t T : counts) {
@@ -203,15 +209,24 @@ int main(int argc, char** argv) {
       EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
       if (r >= 10) tr.push_back(event_ms(e0, e1) * 1e3);
     }
-    const double g = median(tg), rg = median(tr);
+    std::vector<double> td;
+    for (int r = 0; r < iters + 10; ++r) {
+      EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
+      layer_det.forward(view(x, DType::bf16, {T, s.hidden}), view(ids, DType::i32, {T, s.k}),
+                        view(wts, DType::f32, {T, s.k}), view(y, DType::bf16, {T, s.hidden}), st);
+      EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+      if (r >= 10) td.push_back(event_ms(e0, e1) * 1e3);
+    }
+    const double g = median(tg), rg = median(tr), dg = median(td);
     char check[32];
     std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", rel);
-    std::printf(" %7lld %8d %10.2f %11.2f %8.2f %12.2f %8.2f %9s\n", (long long)T, nt, floor_us, g,
-                floor_us > 0 ? g / floor_us : 0.0, rg, rg / g, check);
+    std::printf(" %7lld %8d %10.2f %11.2f %8.2f %12.2f %8.2f %11.2f %9s\n", (long long)T, nt, floor_us, g,
+                floor_us > 0 ? g / floor_us : 0.0, rg, rg / g, dg, check);
     std::fflush(stdout);
     rows += std::string(rows.empty() ? "" : ",\n") + "    {\"T\": " + std::to_string(T) +
             ", \"experts_touched\": " + std::to_string(nt) + ", \"floor_us\": " + json_num(floor_us) +
-            ", \"graph_us\": " + json_num(g) + ", \"regular_us\": " + json_num(rg) + ", \"check_rel_l2\": " +
+            ", \"graph_us\": " + json_num(g) + ", \"regular_us\": " + json_num(rg) + ", \"deterministic_us\": " + json_num(dg) + ", \"check_rel_l2\": " +
             json_num(rel) + ", \"ok\": " + (ok ? "true" : "false") + "}";
   }
   if (!json.empty()) {

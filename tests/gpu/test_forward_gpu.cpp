@@ -221,6 +221,63 @@ TEST_F(ForwardGpu, Sm90PlanThroughLayerOptions) {
   }
 }
 
+// LayerOptions::deterministic: 20 forwards give the same bits, on each path and each sm_90 plan
+// (the 128-row kernels, swap-AB, the 192-row split), and the sm_90 plans give the same bits as each
+// other: each pair's output is one GEMM's k loop in the same order whatever the tile, and the pairs
+// of a row are summed in slot order. Skewed routing with k = 4 (rows with up to 4 local experts, so
+// the default mode's reductions would race) and a decode size; the output also matches the reference.
+TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
+  Model m(16, 4, 2048, 256, 113);
+  cudaStream_t stream;
+  ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  for (const auto& [T, kind] : {std::pair{int64_t(300), RoutingKind::zipf}, std::pair{int64_t(9), RoutingKind::uniform}}) {
+    Inputs in;
+    in.T = T;
+    in.x = make_x(115, 0, T, m.cfg.hidden);
+    in.R = make_routing(T, m.cfg.num_experts, m.cfg.top_k, kind, 117, 0, 1);
+    const std::vector<float> ref = reference(m, in);
+    for (ExpertPath path : paths_here()) {
+      std::vector<bf16> first_sm90;
+      const std::vector<const char*> specs =
+          path == ExpertPath::sm90
+              ? std::vector<const char*>{"swap=off", "swap=on",
+                                         "swap=off,up=single,down=single,order=expert,split=up+down,split_ctas=1"}
+              : std::vector<const char*>{""};
+      for (const char* spec : specs) {
+        SCOPED_TRACE(std::string("T=") + std::to_string(T) + " " + path_str(path) + " '" + spec + "'");
+        LayerOptions opt;
+        opt.expert_path = path;
+        opt.deterministic = true;
+        opt.sm90_plan = parse_sm90_plan_override(spec);
+        MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+        const std::vector<bf16> y0 = run_forward(layer, in, stream);
+        EXPECT_TRUE(close_to_reference(y0.data(), ref.data(), T, m.cfg.hidden, kGpuTolerance));
+        int differing = 0;
+        for (int run = 1; run < 20; ++run) {
+          const std::vector<bf16> y = run_forward(layer, in, stream);
+          differing += std::memcmp(y.data(), y0.data(), y.size() * sizeof(bf16)) != 0;
+        }
+        EXPECT_EQ(differing, 0) << "of 19 repeated forwards";
+        if (path != ExpertPath::sm90) continue;
+        if (first_sm90.empty()) first_sm90 = y0;
+        size_t diff = 0;
+        for (size_t i = 0; i < y0.size(); ++i) diff += y0[i].bits != first_sm90[i].bits;
+        EXPECT_EQ(diff, 0u) << "elements differing from the first sm_90 plan's output";
+      }
+    }
+  }
+  ck(cudaStreamDestroy(stream), "stream destroy");
+  LayerOptions opt;
+  opt.deterministic = true;
+  opt.max_tokens_per_rank = 8;
+  try {
+    MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+    ADD_FAILURE() << "deterministic with max_tokens_per_rank accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+  }
+}
+
 // One layer, many calls: buffers grow and shrink in use; outputs stay right. (Not bitwise
 // deterministic: the bf16 atomics that reduce a token's experts add in arrival order.)
 TEST_F(ForwardGpu, RepeatedCallsReuseBuffers) {
