@@ -245,7 +245,7 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   const AlltoallvPlane back[1] = {equal_plane(sl.combine, sl.back, W, size_t(C) * row_bytes)};
   comm_->alltoallv(back);
   kernels::combine_reduce_checked_launch(reinterpret_cast<const __nv_bfloat16*>(sl.back), sl.token_row, N, W,
-                                         cfg.hidden, sl.status, lay.error, y.ptr<__nv_bfloat16>(), s);
+                                         cfg.hidden, sl.status, lay.error, num_tokens, y.ptr<__nv_bfloat16>(), s);
 }
 
 void GpuEngine::check_capturable(void* stream) {

@@ -22,15 +22,18 @@ __device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint4& v) {
 
 __global__ void combine_reduce_kernel(const uint4* __restrict__ returned, const int32_t* __restrict__ token_row,
                                       int64_t T, int world, int vecs_per_row, uint4* __restrict__ y,
-                                      const int64_t* __restrict__ status, int64_t* __restrict__ error) {
+                                      const int64_t* __restrict__ status, int64_t* __restrict__ error,
+                                      const int64_t* __restrict__ device_count) {
   const int64_t t = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (t >= T) return;  // warp-uniform
   const int lane = threadIdx.x % 32;
   if (status != nullptr && status[0] != 0) {  // (checked form) a failed layout: NaN rows, recorded once
     if (t == 0 && lane == 0 && error[0] == 0)
       for (int i = 0; i < 4; ++i) error[i] = status[i];
-    const uint4 nan = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);
-    for (int v = lane; v < vecs_per_row; v += 32) y[t * vecs_per_row + v] = nan;
+    const int64_t n = *device_count;
+    const uint32_t bits = n < 0 || n > T || t < n ? 0x7fc07fc0u : 0u;  // rows past a valid count stay zero
+    const uint4 fill = make_uint4(bits, bits, bits, bits);
+    for (int v = lane; v < vecs_per_row; v += 32) y[t * vecs_per_row + v] = fill;
     return;
   }
   const int32_t* tr = token_row + t * world;
@@ -63,20 +66,21 @@ void combine_reduce_launch(const __nv_bfloat16* returned, const int32_t* token_r
   const int64_t blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
   combine_reduce_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
       reinterpret_cast<const uint4*>(returned), token_row, T, world, hidden / 8, reinterpret_cast<uint4*>(y), nullptr,
-      nullptr);
+      nullptr, nullptr);
   EPMOE_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
 }
 
 void combine_reduce_checked_launch(const __nv_bfloat16* returned, const int32_t* token_row, int64_t T, int world,
-                                   int hidden, const int64_t* status, int64_t* error, __nv_bfloat16* y,
-                                   cudaStream_t stream) {
+                                   int hidden, const int64_t* status, int64_t* error, const int64_t* device_count,
+                                   __nv_bfloat16* y, cudaStream_t stream) {
   if (T <= 0) return;
-  EPMOE_CHECK(hidden % 8 == 0 && world >= 1 && world <= 64 && status != nullptr && error != nullptr,
+  EPMOE_CHECK(hidden % 8 == 0 && world >= 1 && world <= 64 && status != nullptr && error != nullptr &&
+                  device_count != nullptr,
               ErrorCode::internal, "combine_reduce_checked: hidden ", hidden, " world ", world);
   const int64_t blocks = (T + kWarpsPerBlock - 1) / kWarpsPerBlock;
   combine_reduce_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
       reinterpret_cast<const uint4*>(returned), token_row, T, world, hidden / 8, reinterpret_cast<uint4*>(y), status,
-      error);
+      error, device_count);
   EPMOE_CUDA_CHECK_LAUNCH("combine_reduce_kernel");
 }
 

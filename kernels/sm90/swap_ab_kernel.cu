@@ -6,23 +6,26 @@
 //   UP:   act[r, 32j + c] = bf16(silu(g) * u), g = x[pair_row[r]] . w1[e, 32j + c],
 //         u = x[pair_row[r]] . w1[e, ffn + 32j + c]      (and h = [g | u] when p.preact)
 //   DOWN: out[pair_row[r], 64j + c] += bf16(pair_weight[r] * (act[r] . w2[e, 64j + c]))
-// Work item: one 128-row layout tile (rows [128t, +128) of one expert's segment) x one 64-row weight
-// block j (UP: ffn / 32 blocks of 32 gate rows and their up partners, interleaved 8 by 8 by the swap
-// W1 map so a gate row and its partner sit in one thread's fragment; DOWN: hidden / 64 blocks of
-// W2). Item w = (j = w / tiles, t = w % tiles) over the tiles in use; persistent grid of min(SMs,
-// capacity items), CTA b taking b, b + grid, ... N = swap_ab_n(rows of the tile): 8, 16, 32, 64 or
-// 128, chosen per item on the device from pair_row (real rows are each segment's prefix), one
-// instantiation of the consumer loop per N.
+// Work item: one 64-row half of a 128-row layout tile (rows [128t + 64h, +64) of one expert's
+// segment) x one 64-row weight block j (UP: ffn / 32 blocks of 32 gate rows and their up partners,
+// interleaved 8 by 8 by the swap W1 map so a gate row and its partner sit in one thread's fragment;
+// DOWN: hidden / 64 blocks of W2). Items: every tile's lower half first (w = j * tiles + t), then the
+// upper halves, so the upper halves without rows (the common case at decode: real rows are each
+// segment's prefix) are quick skips spread over all CTAs instead of idling every other one.
+// Persistent grid of min(SMs, capacity items), CTA b taking b, b + grid, ... N = swap_ab_n(rows of
+// the half): 8, 16, 32 or 64, chosen per item on the device from pair_row, one instantiation of the
+// consumer loop per N. Half tiles keep the B stage at 8 KB, so the ring holds 12 stages: 96 KB of
+// weights in flight per SM (6 stages of 128-row B tiles streamed at 2.4-2.5 TB/s).
 //
-// Roles (288 threads): warps 0-3 gather the tile's first N rows (B, K-major, 128B-swizzled, by
+// Roles (288 threads): warps 0-3 gather the half tile's first N rows (B, K-major, 128B-swizzled, by
 // cp.async; rows past the real ones zero-filled), warps 4-7 are the consumer warpgroup (wgmma m64nN,
 // staged epilogue), warp 8 loads the weight boxes by TMA. The weight loads never wait for the
 // previous grid: in DOWN (PDL-launched after UP) they start while UP finishes; the gather and the
 // epilogue wait for it (act, and out zeroed by UP). Every stage's full barrier takes the TMA bytes
 // and one cp.async arrival per gathering thread; its empty barrier one arrival per consumer thread.
 //
-// Staging: UP stores act (and h) through shared memory as [128 rows][32] tiles with 16-byte rows
-// out, writing zeros for the tile's padding rows (backward reads act and h over whole segments);
+// Staging: UP stores act (and h) through shared memory as [64 rows][32] tiles with 16-byte rows
+// out, writing zeros for the padding rows (backward reads act and h over whole segments);
 // DOWN weights the rows and reduces 16-byte chunks of its real rows into out (red.global.add).
 #include "kernels/sm90/core/gather.cuh"
 #include "kernels/sm90/core/ring.cuh"
@@ -55,25 +58,27 @@ struct SwapArgs {
 namespace {
 
 struct SwapItem {
-  int64_t m0;  // first row of the tile
+  int64_t m0;  // first row of the half tile
   int j;       // weight block
   int e;       // expert
+  int rows;    // its real rows (0..64; 0: nothing to compute)
 };
-// Whole warp (expert_of_tile ballots).
-__device__ __forceinline__ SwapItem swap_item(const SwapArgs& a, int64_t w, int64_t tiles) {
+// Whole warp (ballots). half_items = tiles * blocks: the items of one half.
+__device__ __forceinline__ SwapItem swap_item(const SwapArgs& a, int64_t w, int64_t tiles, int64_t half_items) {
   SwapItem it;
-  it.j = int(w / tiles);
-  it.m0 = (w - int64_t(it.j) * tiles) * kBM;
-  it.e = expert_of_tile(a.padded_offsets, a.experts, it.m0);
-  return it;
-}
-// Real rows of the tile at m0 (its segment's prefix). Whole warp.
-__device__ __forceinline__ int tile_rows(const int32_t* __restrict__ pair_row, int64_t m0) {
+  const int half = w >= half_items ? 1 : 0;
+  const int64_t v = w - half * half_items;
+  it.j = int(v / tiles);
+  const int64_t t0 = (v - int64_t(it.j) * tiles) * kBM;
+  it.m0 = t0 + half * kSwapRows;
+  it.e = expert_of_tile(a.padded_offsets, a.experts, t0);
+  // Real rows: the segment's prefix.
   const int lane = int(threadIdx.x & 31);
   int n = 0;
 #pragma unroll
-  for (int i = 0; i < kBM / 32; ++i) n += __popc(__ballot_sync(0xffffffffu, pair_row[m0 + 32 * i + lane] >= 0));
-  return n;
+  for (int i = 0; i < kSwapRows / 32; ++i) n += __popc(__ballot_sync(0xffffffffu, a.pair_row[it.m0 + 32 * i + lane] >= 0));
+  it.rows = n;
+  return it;
 }
 
 __device__ __forceinline__ void st_shared_bf16(uint32_t addr, float v) {
@@ -81,10 +86,32 @@ __device__ __forceinline__ void st_shared_bf16(uint32_t addr, float v) {
   asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&b)) : "memory");
 }
 
+// UP's copy-out of a half tile's 64 rows x the item's 32 act columns (and h's gate and up columns):
+// the real rows from the staging, zeros for the rest (padding rows; backward reads them). The
+// consumer warpgroup, tid 0..127; rows 0 (an empty upper half) reads no staging.
+__device__ __forceinline__ void store_act_rows(const SwapArgs& a, const SwapItem& it, int rows, uint32_t stg,
+                                               uint32_t stg_g, uint32_t stg_u, int tid) {
+  const int64_t ffn = a.ffn;
+  for (int q = tid; q < kSwapRows * 4; q += 128) {
+    const int r = q >> 2, part = q & 3;
+    const uint32_t off = uint32_t(r * kSwapUpStride + 8 * part) * 2u;
+    const int64_t row = it.m0 + r, col = 32 * int64_t(it.j) + 8 * part;
+    uint32_t v[4] = {0u, 0u, 0u, 0u};
+    if (r < rows) ld_shared_16(stg + off, v);
+    st_global_16(a.act + row * ffn + col, v);
+    if (a.preact != nullptr) {
+      if (r < rows) ld_shared_16(stg_g + off, v);
+      st_global_16(a.preact + row * 2 * ffn + col, v);
+      if (r < rows) ld_shared_16(stg_u + off, v);
+      st_global_16(a.preact + row * 2 * ffn + ffn + col, v);
+    }
+  }
+}
+
 // The consumer warpgroup's item at N: the k loop on the ring, then the epilogue. wl: warp in the
 // warpgroup (0..3); fragment rows 16 wl + lane / 4 + 8 h, token columns 8 g + 2 (lane % 4) + b.
 template <bool kUp, int N>
-__device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& it, int rows, RingCursor<kSwapStages>& cur,
+__device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& it, RingCursor<kSwapStages>& cur,
                                              const Ring<kSwapStages>& ring, uint32_t ring_base, uint32_t stg,
                                              int num_k, int wl, int lane) {
   float acc[N / 2];
@@ -111,11 +138,12 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
   fence_regs(acc);
   mbar_arrive(ring.empty(cur.prev_stage()));
 
+  const int rows = it.rows;
   const int tid = int(threadIdx.x) - 128;  // 0..127
   named_barrier_sync(1, 128);              // the previous item's copy-out has read the staging rows
   if constexpr (kUp) {
     const int c = 8 * wl + (lane >> 2);  // act column in the item's 32: gate row (h 0), partner (h 1)
-    const uint32_t stg_g = stg + kBM * kSwapUpStride * 2, stg_u = stg_g + kBM * kSwapUpStride * 2;
+    const uint32_t stg_g = stg + kSwapRows * kSwapUpStride * 2, stg_u = stg_g + kSwapRows * kSwapUpStride * 2;
 #pragma unroll
     for (int g = 0; g < N / 8; ++g)
 #pragma unroll
@@ -130,22 +158,7 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
         }
       }
     named_barrier_sync(1, 128);
-    // All 128 rows of the tile x 4 chunks of 8 columns: the real rows from the staging, zeros after.
-    const int64_t ffn = a.ffn;
-    for (int q = tid; q < kBM * 4; q += 128) {
-      const int r = q >> 2, part = q & 3;
-      const uint32_t off = uint32_t(r * kSwapUpStride + 8 * part) * 2u;
-      const int64_t row = it.m0 + r, col = 32 * int64_t(it.j) + 8 * part;
-      uint32_t v[4] = {0u, 0u, 0u, 0u};
-      if (r < rows) ld_shared_16(stg + off, v);
-      st_global_16(a.act + row * ffn + col, v);
-      if (a.preact != nullptr) {
-        if (r < rows) ld_shared_16(stg_g + off, v);
-        st_global_16(a.preact + row * 2 * ffn + col, v);
-        if (r < rows) ld_shared_16(stg_u + off, v);
-        st_global_16(a.preact + row * 2 * ffn + ffn + col, v);
-      }
-    }
+    store_act_rows(a, it, rows, stg, stg_g, stg_u, tid);
   } else {
 #pragma unroll
     for (int g = 0; g < N / 8; ++g)
@@ -189,7 +202,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
 
   const int64_t tiles = a.padded_offsets[a.experts] / kBM;
   const int blocks = kUp ? a.ffn / 32 : a.hidden / kSwapWeightRows;
-  const int64_t items = tiles * blocks;
+  const int64_t half_items = tiles * blocks, items = 2 * half_items;
   const int k_dim = kUp ? a.hidden : a.ffn;
   const int num_k = k_dim / kBK;
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
@@ -209,13 +222,14 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   if (warp < 4) {
     // ---- B: the tile's first N rows, every K step ----
     const int t = int(threadIdx.x);
-    const RowGather<kSwapGatherThreads, 1, 8> gather(ring_base + kSwapATileBytes, t);
+    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kSwapATileBytes, t);
     grid_dependency_wait();  // x / act come from the previous kernel (no-op unless PDL-launched)
     RingCursor<kSwapStages> cur;
     for (int64_t w = first; w < items; w += stride) {
-      const SwapItem it = swap_item(a, w, tiles);
-      const int rows = tile_rows(a.pair_row, it.m0), n = swap_ab_n(rows);
-      const GatherRows<8> src = gather.rows(a.src, a.src_rows, k_dim, [&](int i) {
+      const SwapItem it = swap_item(a, w, tiles, half_items);
+      if (it.rows == 0) continue;
+      const int rows = it.rows, n = swap_ab_n(rows);
+      const GatherRows<4> src = gather.rows(a.src, a.src_rows, k_dim, [&](int i) {
         const int r = gather.row(i);
         if (r >= rows) return int32_t(-1);
         return kUp ? a.pair_row[it.m0 + r] : int32_t(it.m0 + r);
@@ -235,14 +249,16 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
     grid_dependency_wait();  // DOWN reduces into out, which UP zeroed
     RingCursor<kSwapStages> cur;
     for (int64_t w = first; w < items; w += stride) {
-      const SwapItem it = swap_item(a, w, tiles);
-      const int rows = tile_rows(a.pair_row, it.m0);
-      switch (swap_ab_n(rows)) {
-        case 8: swap_consume<kUp, 8>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        case 16: swap_consume<kUp, 16>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        case 32: swap_consume<kUp, 32>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        case 64: swap_consume<kUp, 64>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        default: swap_consume<kUp, 128>(a, it, rows, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+      const SwapItem it = swap_item(a, w, tiles, half_items);
+      if (it.rows == 0) {  // an upper half of padding: UP writes its act (and h) rows as zeros
+        if constexpr (kUp) store_act_rows(a, it, 0, 0u, 0u, 0u, int(threadIdx.x) - 128);
+        continue;
+      }
+      switch (swap_ab_n(it.rows)) {
+        case 8: swap_consume<kUp, 8>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        case 16: swap_consume<kUp, 16>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        case 32: swap_consume<kUp, 32>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
+        default: swap_consume<kUp, 64>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
       }
     }
   } else {
@@ -250,7 +266,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
     if (lane == 0) tma_prefetch_desc(&tm_w);
     RingCursor<kSwapStages> cur;
     for (int64_t w = first; w < items; w += stride) {
-      const SwapItem it = swap_item(a, w, tiles);
+      const SwapItem it = swap_item(a, w, tiles, half_items);
+      if (it.rows == 0) continue;
       for (int kt = 0; kt < num_k; ++kt, cur.advance()) {
         const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kSwapStageBytes;
         ring.wait_empty(cur);
@@ -285,7 +302,7 @@ void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream
   const CUtensorMap tm = up ? make_w1_swap_map(p.w1, p.experts, p.hidden, p.ffn)
                             : make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kSwapWeightRows);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
-  const int64_t items = tiles * (up ? p.ffn / 32 : p.hidden / kSwapWeightRows);
+  const int64_t items = 2 * tiles * (up ? p.ffn / 32 : p.hidden / kSwapWeightRows);
   sm90_launch_threads(up ? sm90_swap_ab_kernel<true> : sm90_swap_ab_kernel<false>, unsigned(kSwapThreads),
                       /*cluster=*/false, pdl, items, kSwapSmemBytes, s, up ? "sm90_swap_ab_up" : "sm90_swap_ab_down",
                       tm, a);

@@ -34,23 +34,24 @@ inline constexpr int kTallUpStages = 4;
 inline constexpr int kTallDownStages = 3;  // leaves 48 KB for the 192-row DOWN's staging buffer
 inline constexpr uint32_t kTallDownStagingBytes = 3 * kStageHalfBytes;
 
-// ---- swap-AB (swap_ab_kernel.cu): weights in wgmma's M, a tile's tokens in N -------------------
+// ---- swap-AB (swap_ab_kernel.cu): weights in wgmma's M, a half tile's tokens in N ---------------
 inline constexpr int kSwapWeightRows = 64;          // weight rows per item: one m64 warpgroup tile
-inline constexpr int kSwapStages = 6;
+inline constexpr int kSwapRows = 64;                // token rows per item: a half of a 128-row tile
+inline constexpr int kSwapStages = 12;              // 96 KB of weights in flight per SM
 inline constexpr int kSwapThreads = 288;            // warps 0-3 gather B, 4-7 consume, 8 loads weights
 inline constexpr int kSwapGatherThreads = 128;
 inline constexpr uint32_t kSwapATileBytes = kSwapWeightRows * kBK * 2;  // 8 KB of weights per stage
-inline constexpr uint32_t kSwapBTileBytes = kBM * kBK * 2;              // up to a whole tile's 128 rows
+inline constexpr uint32_t kSwapBTileBytes = kSwapRows * kBK * 2;        // up to 64 token rows
 inline constexpr uint32_t kSwapStageBytes = kSwapATileBytes + kSwapBTileBytes;
 inline constexpr int kSwapUpStride = 32 + 8;    // UP staging row (elements): 32 act columns + pad
 inline constexpr int kSwapDownStride = 64 + 8;  // DOWN staging row: 64 output columns + pad
-inline constexpr uint32_t kSwapUpStagingBytes = 3 * kBM * kSwapUpStride * 2;  // act, gate, up
-inline constexpr uint32_t kSwapDownStagingBytes = kBM * kSwapDownStride * 2;
+inline constexpr uint32_t kSwapUpStagingBytes = 3 * kSwapRows * kSwapUpStride * 2;  // act, gate, up
+inline constexpr uint32_t kSwapDownStagingBytes = kSwapRows * kSwapDownStride * 2;
 inline constexpr size_t kSwapSmemBytes =
     1024 + size_t(kSwapStages) * kSwapStageBytes +
     (kSwapUpStagingBytes > kSwapDownStagingBytes ? kSwapUpStagingBytes : kSwapDownStagingBytes);
-// N of a tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
-inline constexpr int swap_ab_n(int rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : rows <= 64 ? 64 : 128; }
+// N of a half tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
+inline constexpr int swap_ab_n(int rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
 // ---- limits ---------------------------------------------------------------------------------------
 inline constexpr size_t kMaxDynSmemBytes = 227 * 1024;  // sm_90 opt-in limit per block

@@ -277,13 +277,13 @@ const std::vector<Variant>& variants() {
        "order=expert,split=up+down,split_ctas=132", 0, 0},
       {"NoSplitByExpertZipfE32K8H7168F2048T2048", with({32, 8, 7168, 2048, 2048, Route::zipf, 0, 16}, 271),
        "order=expert,split=none"},
-      // ---- swap-AB (swap_ab_kernel.cu; N = 8, 16, 32, 64 or 128 per tile from its rows): the decode
-      // sizes T = 1, 2, 8, 33, 64, 65 around the N steps on the bench shape (a CTA runs items of
-      // different N one after another on one ring: the T = 33..65 cases have 1024 items on 132 CTAs),
-      // small (the sanitizers), one expert holding every row (full 128-row tiles: N = 128), tile
-      // edges (64, 65, 1, 128, 129, 63, 192, 193 rows: every N, and the padding rows' zeros in act
-      // and h), skew, drops, single-row experts, the 7168/2048 shape, in-kernel zeroing with CTAs
-      // without items, graph replays, DOWN without PDL.
+      // ---- swap-AB (swap_ab_kernel.cu; 64-row half tiles, N = 8, 16, 32 or 64 per half from its
+      // rows): the decode sizes T = 1, 2, 8, 33, 64, 65 around the N steps on the bench shape (a CTA
+      // runs items of different N one after another on one ring: the T = 33..65 cases have ~2000
+      // items on 132 CTAs), small (the sanitizers), one expert holding every row (full halves), tile
+      // edges (64, 65, 1, 128, 129, 63, 192, 193 rows: every N, upper halves with 0, 1 and 64 rows,
+      // and the padding rows' zeros in act and h), skew, drops, single-row experts, the 7168/2048
+      // shape, in-kernel zeroing with CTAs without items, graph replays, DOWN without PDL.
       {"SwapSmallE4K2H256F256T64", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 300), "swap=on"},
       {"SwapSmallTileEdgesKeepsPreactE8K1H256F256T835",
        keeping_preact(with({8, 1, 256, 256, 835, Route::tile_edges, 0, 835}, 301)), "swap=on"},

@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -113,9 +114,12 @@ bool is_nan(bf16 v) {
   for (int64_t i = from * kHidden; i < kN * kHidden; ++i) {
     uint16_t b;
     std::memcpy(&b, &y[size_t(i)], 2);
-    if ((b & 0x7fff) != 0)
-      return ::testing::AssertionFailure() << "y[" << i / kHidden << ", " << i % kHidden << "] = 0x" << std::hex << b
-                                           << " past T = " << std::dec << from << " (must be 0)";
+    if ((b & 0x7fff) != 0) {
+      std::ostringstream os;  // (AssertionResult's << formats each value in a fresh stream: no std::hex there)
+      os << "y[" << i / kHidden << ", " << i % kHidden << "] = 0x" << std::hex << b << std::dec << " past T = " << from
+         << " (must be 0)";
+      return ::testing::AssertionFailure() << os.str();
+    }
   }
   return ::testing::AssertionSuccess();
 }
@@ -304,7 +308,8 @@ TEST_F(CapturableGpu, ArgumentAndConstructionErrors) {
 
 // World 2 and 4 on device mock ranks: each rank its own thread, stream, expert shard and T; the
 // capturable forward (slots transport) and the regular forward against the reference, then (world 2)
-// a bad id on rank 1 only: rank 1's rows NaN and its check throws, rank 0's rows still right.
+// a bad id on rank 1 only: rank 1's rows below its T NaN (zero past it) and its check throws, rank
+// 0's rows still right.
 TEST_F(CapturableGpu, SlotsAcrossDeviceMockRanks) {
   const ModelWeights M = make_weights(kE, kHidden, kFfn, 4048);
   const int dev = current_device();
@@ -354,12 +359,13 @@ TEST_F(CapturableGpu, SlotsAcrossDeviceMockRanks) {
                                      d_T.get(), st);
             ck(cudaStreamSynchronize(st), "sync");
             const std::vector<bf16> hy = y.host();
-            std::vector<float> ref(size_t(T) * kHidden);
-            reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
-                          ref.data());
-            if (bad) {
-              for (bf16 v : hy)
-                if (!is_nan(v)) why += "rank 1: a row without NaN after its bad id; ";
+            if (bad) {  // (rows below T NaN, the rows past it zero)
+              for (size_t i = 0; i < size_t(T) * kHidden; ++i)
+                if (!is_nan(hy[i])) {
+                  why += "rank 1: a row without NaN after its bad id; ";
+                  break;
+                }
+              if (auto z = rows_zero(hy, T); !z) why += "rank 1: " + std::string(z.message()) + "; ";
               try {
                 layer.check_capturable(st);
                 why += "rank 1: check_capturable did not throw; ";
@@ -368,6 +374,9 @@ TEST_F(CapturableGpu, SlotsAcrossDeviceMockRanks) {
               }
               continue;
             }
+            std::vector<float> ref(size_t(T) * kHidden);
+            reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
+                          ref.data());
             if (auto ok = close_to_reference(hy.data(), ref.data(), T, kHidden, kTolerance); !ok)
               why += "capturable: " + std::string(ok.message()) + "; ";
             if (auto z = rows_zero(hy, T); !z) why += "capturable: " + std::string(z.message()) + "; ";
