@@ -75,7 +75,7 @@ std::string reason_of(const std::string& what) {
 //  * pad: single-CTA kernels only, where one wave's weight slices fit a quarter of L2 (60 MiB here:
 //    E=32 2048/1024 DOWN pays from T=4k on, where 50 MiB would not);
 //  * tail: always on;
-//  * swap: where the pairs fill the capacity's tiles to fewer than 64 rows on average.
+//  * swap: where the 128-row UP would have at most SMs / 2 items over the tiles the pairs can use.
 struct GoldenRow {
   int E, k, hidden, ffn;
   int64_t T;
@@ -86,29 +86,31 @@ constexpr Sm90Order kGlobal = Sm90Order::global, kByExpert = Sm90Order::by_exper
 
 const std::vector<GoldenRow>& golden_table() {
   static const std::vector<GoldenRow> rows = {
-      // Swap-AB below 64 real rows per capacity tile: the decode sizes (E=32 k=4 2048/1024 T=1, 128 and
-      // 512: 4 / 36, 512 / 36 and 2048 / 48 rows per tile; E=128 k=8 2048/768 T=512: 4096 / 160; E=32
-      // k=8 7168/2048 T=256: 2048 / 48); T=1024 at E=32 k=4 is exactly 64 (4096 / 64): not.
+      // Swap-AB where the 128-row UP would have at most 66 items (tiles x ffn / 128, tiles at most
+      // min(E, pairs) + pairs / 128): E=32 k=4 2048/1024 T=1 and 2 (4 and 8 tiles: 32 and 64 items),
+      // not T=4 (16 tiles: 128); E=128 k=8 2048/768 T=1 (8 tiles x 6), not T=2 (16 x 6); never at
+      // 7168/2048 (16 column blocks: T=1 has 8 x 16).
       {32, 4, 2048, 1024, 1,
        {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,
         .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true,
         .swap_ab = true}},
-      {32, 4, 2048, 1024, 128,
+      {32, 4, 2048, 1024, 2,
        {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,
         .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true,
         .swap_ab = true}},
-      {32, 4, 2048, 1024, 512,
+      {32, 4, 2048, 1024, 4,
+       {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,
+        .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true}},
+      {128, 8, 2048, 768, 1,
        {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,
         .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true,
         .swap_ab = true}},
-      {128, 8, 2048, 768, 512,
+      {128, 8, 2048, 768, 2,
        {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,
-        .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true,
-        .swap_ab = true}},
-      {32, 8, 7168, 2048, 256,
+        .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true}},
+      {32, 8, 7168, 2048, 1,
        {.up_form = kPairs, .up_order = kByExpert, .down_order = kByExpert, .down_cluster = false, .up_split = true,
-        .down_split = true, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true,
-        .swap_ab = true}},
+        .down_split = true, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true}},
       // E=32 k=4 2048/1024: pairs in the global order; DOWN's padding halves pay from T=4k on.
       {32, 4, 2048, 1024, 1024,
        {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,

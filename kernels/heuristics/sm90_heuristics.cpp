@@ -20,6 +20,12 @@ int up_blocks(const Sm90Shape& s) { return s.ffn / 128; }
 int down_blocks(const Sm90Shape& s) { return (s.hidden + kBN - 1) / kBN; }
 }  // namespace
 
+int64_t sm90_tiles_bound(const Sm90Shape& s) {
+  const int64_t by_capacity = row_tiles(s);
+  if (s.pairs <= 0) return by_capacity;
+  return std::min(by_capacity, std::min<int64_t>(s.experts, s.pairs) + s.pairs / kBM);
+}
+
 bool sm90_by_expert_fits(int experts, size_t staging) { return fits_smem(dyn_smem_bytes(true, experts, staging)); }
 
 int64_t sm90_work_items(int64_t tiles, int experts, int blocks, bool cluster, bool by_expert) {
@@ -66,8 +72,8 @@ Sm90Plan choose_sm90_plan(const Sm90Shape& s, const Sm90Device& d) {
         sm90_pad_halves_pay(tiles, s.experts, s.ffn, std::min<int64_t>(items, d.sms), kGroupTiles, d.l2_bytes);
   }
   p.tail_split = true;
-  // Swap-AB where the tiles hold fewer than kSwapAbMaxRowsPerTile real rows on average.
-  p.swap_ab = s.pairs > 0 && s.pairs < kSwapAbMaxRowsPerTile * tiles;
+  // Swap-AB where the 128-row UP would leave most SMs idle.
+  p.swap_ab = s.pairs > 0 && sm90_tiles_bound(s) * up_blocks(s) * kSwapAbSmsDivisor <= d.sms;
   return p;
 }
 

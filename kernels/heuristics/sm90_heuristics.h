@@ -40,9 +40,13 @@ inline constexpr int kOrderByExpertMinHidden = 4096;
 // Padding halves pay while L2 holds what one wave of CTAs streams: a quarter of L2 at most.
 inline constexpr int kPadHalvesL2Fraction = 4;
 
-// Swap-AB (weights in M, tokens in N) where the tiles (rows_capacity / 128) hold fewer real rows than
-// this on average: below it the 128-row kernels leave most SMs without a weight stream and compute padding.
-inline constexpr int64_t kSwapAbMaxRowsPerTile = 64;
+// Swap-AB (weights in M, tokens in N) where the 128-row UP would have at most SMs / kSwapAbSmsDivisor
+// items (tiles x ffn / 128), i.e. leave most SMs without a weight stream: the swap kernels run 64
+// weight rows per item. Tiles bound: min(rows_capacity / 128, min(E, pairs) + pairs / 128) - a
+// segment of c rows takes ceil(c / 128) tiles.
+inline constexpr int kSwapAbSmsDivisor = 2;
+// The tiles a layout of `pairs` pairs over the shape's experts can use, at most.
+int64_t sm90_tiles_bound(const Sm90Shape& s);
 
 // A row count for checking a plan where only the shape's dims matter (check_sm90_plan reads
 // rows_capacity only to require it positive).

@@ -313,4 +313,10 @@ const std::vector<Variant>& variants() {
 
 void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
+epmoe::Sm90PlanOverride variant_override(const Variant& v) {
+  epmoe::Sm90PlanOverride o = epmoe::parse_sm90_plan_override(v.plan);
+  if (!o.swap_ab) o.swap_ab = false;
+  return o;
+}
+
 }  // namespace sm90_case

@@ -330,7 +330,7 @@ TEST_P(Sm90Variant, MatchesReference) {
   const Variant& v = GetParam();
   Sm90PlanOverride o;
   try {
-    o = parse_sm90_plan_override(v.plan);
+    o = variant_override(v);
   } catch (const epmoe::Error& e) {
     FAIL() << "'" << v.plan << "': " << e.what();
   }
@@ -356,7 +356,7 @@ TEST(Sm90Variants, PlansAreValid) {
     EXPECT_TRUE(names.insert(v.name).second) << "duplicate name";
     Sm90PlanOverride o;
     try {
-      o = parse_sm90_plan_override(v.plan);
+      o = variant_override(v);
     } catch (const epmoe::Error& e) {
       ADD_FAILURE() << "'" << v.plan << "': " << e.what();
       continue;
