@@ -14,10 +14,9 @@
 // segment's prefix) are quick skips spread over all CTAs instead of idling every other one.
 // Persistent grid of min(SMs, capacity items), CTA b taking b, b + grid, ... N = swap_ab_n(rows of
 // the half): 8, 16, 32 or 64, chosen per item on the device from pair_row, one instantiation of the
-// consumer loop per N. Half tiles keep the B stage at 8 KB: a 6-stage ring and the staging fit in
-// 112 KB, so two CTAs share an SM and DOWN's CTAs (PDL) start beside UP's, their W2 loads running
-// under UP (with 213 KB each - 12 stages, or 6 of 128-row B tiles - DOWN waited for UP's CTAs to
-// leave; both streamed at the same 2.5-2.7 TB/s).
+// consumer loop per N. Half tiles keep the B stage at 8 KB, so the ring holds 12 stages: 96 KB of
+// weights in flight per SM. (6 stages in 112 KB, two CTAs per SM so that DOWN's CTAs prefetch W2
+// beside UP's, lost: T=8 1.13x and T=64 1.15x of the 128-row kernels against 1.02x / 1.03x here.)
 //
 // Roles (288 threads): warps 0-3 gather the half tile's first N rows (B, K-major, 128B-swizzled, by
 // cp.async; rows past the real ones zero-filled), warps 4-7 are the consumer warpgroup (wgmma m64nN,
@@ -192,7 +191,7 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
 #endif  // EPMOE_SM90A_DEVICE
 
 template <bool kUp>
-__global__ void __launch_bounds__(kSwapThreads, 2)
+__global__ void __launch_bounds__(kSwapThreads, 1)
     sm90_swap_ab_kernel(const __grid_constant__ CUtensorMap tm_w, const SwapArgs a) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kSwapStages];  // full[0..S), empty[0..S)

@@ -37,7 +37,7 @@ inline constexpr uint32_t kTallDownStagingBytes = 3 * kStageHalfBytes;
 // ---- swap-AB (swap_ab_kernel.cu): weights in wgmma's M, a half tile's tokens in N ---------------
 inline constexpr int kSwapWeightRows = 64;          // weight rows per item: one m64 warpgroup tile
 inline constexpr int kSwapRows = 64;                // token rows per item: a half of a 128-row tile
-inline constexpr int kSwapStages = 6;               // 112 KB of shared memory: two CTAs per SM
+inline constexpr int kSwapStages = 12;              // 96 KB of weights in flight per SM
 inline constexpr int kSwapThreads = 288;            // warps 0-3 gather B, 4-7 consume, 8 loads weights
 inline constexpr int kSwapGatherThreads = 128;
 inline constexpr uint32_t kSwapATileBytes = kSwapWeightRows * kBK * 2;  // 8 KB of weights per stage

@@ -268,7 +268,11 @@ __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bu
 // All committed bulk stores have completed (their global writes done).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Barrier among `threads` threads of the CTA on named barrier `id` (1..15; 0 is __syncthreads).
+// bar.sync is the .aligned form: every lane of a warp must execute the same instruction, so the warp
+// is reconverged first (compute-sanitizer synccheck found DOWN's half-item barrier reached by a warp
+// still diverged from its epilogue's lane-predicated branches: "divergent thread(s) in block").
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  __syncwarp();
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
