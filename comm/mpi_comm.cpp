@@ -1,13 +1,16 @@
-// The MPI communicator. alltoall_i64, allreduce_max_i64 and barrier map onto one MPI collective
-// each. alltoallv is built from point-to-point messages instead of MPI_Alltoallv because MPI's
-// counts and displacements are int: chunked Isend/Irecv handle any size, and all planes travel in
-// one round of requests and a single MPI_Waitall.
+// The MPI communicator. alltoall_i64, allreduce_max_i64 and barrier map onto one nonblocking MPI
+// collective each. alltoallv is built from point-to-point messages instead of MPI_Alltoallv because
+// MPI's counts and displacements are int: chunked Isend/Irecv handle any size, and all planes travel
+// in one round of requests. Every wait polls under the communicator's deadline (wait_all).
 #include "comm/mpi_comm.h"
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "epmoe/error.h"
@@ -119,7 +122,9 @@ void throw_verdict(int rank, const VerdictRecord& v) {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm parent) {
+  MpiCommunicator(MPI_Comm parent, double deadline_s) : deadline_s_(deadline_s) {
+    EPMOE_CHECK(deadline_s > 0, ErrorCode::invalid_argument, "make_mpi_communicator: deadline_seconds must be > 0, got ",
+                deadline_s);
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
@@ -148,23 +153,35 @@ class MpiCommunicator final : public Communicator {
   MemorySpace memory_space() const override { return MemorySpace::host; }
 
   void alltoall_i64(const int64_t* send, int64_t* recv, size_t count) override {
+    check_usable();
     EPMOE_CHECK(count <= size_t(INT_MAX), ErrorCode::unsupported, "mpi alltoall_i64: ", count,
                 " values per peer exceed MPI's int count");
-    EPMOE_MPI(MPI_Alltoall(send, int(count), MPI_INT64_T, recv, int(count), MPI_INT64_T, comm_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    EPMOE_MPI(MPI_Ialltoall(send, int(count), MPI_INT64_T, recv, int(count), MPI_INT64_T, comm_, &r));
+    wait_one(r, "alltoall_i64");
   }
 
   void alltoallv(std::span<const AlltoallvPlane> planes) override {
+    check_usable();
     check_sizes_agree(planes);
     exchange_payload(planes);
   }
 
   void allreduce_max_i64(int64_t* values, size_t count) override {
+    check_usable();
     EPMOE_CHECK(count <= size_t(INT_MAX), ErrorCode::unsupported, "mpi allreduce_max_i64: ", count,
                 " values exceed MPI's int count");
-    EPMOE_MPI(MPI_Allreduce(MPI_IN_PLACE, values, int(count), MPI_INT64_T, MPI_MAX, comm_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    EPMOE_MPI(MPI_Iallreduce(MPI_IN_PLACE, values, int(count), MPI_INT64_T, MPI_MAX, comm_, &r));
+    wait_one(r, "allreduce_max_i64");
   }
 
-  void barrier() override { EPMOE_MPI(MPI_Barrier(comm_)); }
+  void barrier() override {
+    check_usable();
+    MPI_Request r = MPI_REQUEST_NULL;
+    EPMOE_MPI(MPI_Ibarrier(comm_, &r));
+    wait_one(r, "barrier");
+  }
 
  private:
   // Two small collectives; throws the same error on every rank if any rank's sizes disagree.
@@ -172,12 +189,15 @@ class MpiCommunicator final : public Communicator {
     const VerdictRecord own = check_own_planes(planes, size_);
     std::vector<int64_t> headers, got(size_t(size_) * kHeaderWords);
     encode_size_headers(planes, own.kind == Verdict::ok, size_, headers);
-    EPMOE_MPI(MPI_Alltoall(headers.data(), kHeaderWords, MPI_INT64_T, got.data(), kHeaderWords, MPI_INT64_T, comm_));
+    MPI_Request r = MPI_REQUEST_NULL;
+    EPMOE_MPI(MPI_Ialltoall(headers.data(), kHeaderWords, MPI_INT64_T, got.data(), kHeaderWords, MPI_INT64_T, comm_, &r));
+    wait_one(r, "alltoallv size exchange");
 
     const VerdictRecord mine = own.kind != Verdict::ok ? own : check_peer_headers(planes, size_, got);
     const int64_t words[kVerdictWords] = {int64_t(mine.kind), mine.a, mine.b, mine.c, mine.d};
     std::vector<int64_t> all(size_t(size_) * kVerdictWords);
-    EPMOE_MPI(MPI_Allgather(words, kVerdictWords, MPI_INT64_T, all.data(), kVerdictWords, MPI_INT64_T, comm_));
+    EPMOE_MPI(MPI_Iallgather(words, kVerdictWords, MPI_INT64_T, all.data(), kVerdictWords, MPI_INT64_T, comm_, &r));
+    wait_one(r, "alltoallv size verdicts");
     for (int r = 0; r < size_; ++r) {
       const int64_t* w = &all[size_t(r) * kVerdictWords];
       throw_verdict(r, VerdictRecord{Verdict(w[0]), w[1], w[2], w[3], w[4]});
@@ -232,11 +252,32 @@ class MpiCommunicator final : public Communicator {
     return n;
   }
 
-  // MPI_Waitall reports a per-request failure as MPI_ERR_IN_STATUS; name the request's own error.
-  void wait_all(std::vector<MPI_Request>& requests) {
+  // After a timeout: every call refuses, naming the first failure.
+  void check_usable() const {
+    EPMOE_CHECK(failed_.empty(), ErrorCode::timeout, "mpi rank ", rank_, ": the communicator failed earlier (", failed_,
+                "); it takes no more work");
+  }
+
+  // Polls the requests until all completed (MPI_Testall: spinning for the first millisecond, then
+  // 100 us sleeps between tests) or the deadline passed: then Error(timeout), and the communicator
+  // refuses further calls (the requests stay posted: an MPI collective cannot be cancelled).
+  // MPI_Testall reports a per-request failure as MPI_ERR_IN_STATUS; name the request's own error.
+  void wait_all(std::vector<MPI_Request>& requests, const char* what = "alltoallv") {
     if (requests.empty()) return;
     std::vector<MPI_Status> statuses(requests.size());
-    const int rc = MPI_Waitall(int(requests.size()), requests.data(), statuses.data());
+    const auto start = std::chrono::steady_clock::now();
+    int rc = MPI_SUCCESS, done = 0;
+    for (;;) {
+      rc = MPI_Testall(int(requests.size()), requests.data(), &done, statuses.data());
+      if (rc != MPI_SUCCESS || done) break;
+      const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > deadline_s_) {
+        failed_ = detail::concat(what, " did not complete within ", deadline_s_, " s");
+        EPMOE_FAIL(ErrorCode::timeout, "mpi rank ", rank_, ": ", failed_,
+                   ": a peer rank is stalled or gone; this communicator takes no more work");
+      }
+      if (waited > 1e-3) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     if (rc == MPI_ERR_IN_STATUS) {
       for (const MPI_Status& s : statuses)
         if (s.MPI_ERROR != MPI_SUCCESS && s.MPI_ERROR != MPI_ERR_PENDING)
@@ -246,13 +287,23 @@ class MpiCommunicator final : public Communicator {
     EPMOE_MPI(rc);
   }
 
+  void wait_one(MPI_Request& r, const char* what) {
+    std::vector<MPI_Request> one{r};
+    wait_all(one, what);
+    r = one[0];
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = -1, size_ = 0;
+  double deadline_s_ = 300.0;
+  std::string failed_;  // the first timeout (empty: none)
 };
 
 }  // namespace
 
-std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) { return std::make_shared<MpiCommunicator>(comm); }
+std::shared_ptr<Communicator> make_mpi_communicator(MPI_Comm comm, double deadline_seconds) {
+  return std::make_shared<MpiCommunicator>(comm, deadline_seconds);
+}
 
 void mpi_comm_set_max_chunk_bytes_for_testing(size_t bytes) {
   EPMOE_CHECK(bytes <= size_t(INT_MAX), ErrorCode::invalid_argument, "mpi chunk size ", bytes,

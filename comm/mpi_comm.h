@@ -1,6 +1,7 @@
 // The MPI communicator (make_mpi_communicator, declared in epmoe/mpi_communicator.h): host
 // buffers over a duplicate of the caller's MPI communicator, with MPI_ERRORS_RETURN so every MPI
-// failure becomes an epmoe::Error(comm_error) carrying MPI_Error_string.
+// failure becomes an epmoe::Error(comm_error) carrying MPI_Error_string, and a collective that a
+// stalled peer keeps from completing raises Error(timeout) after the deadline (every wait polls).
 //
 // alltoallv moves each block with MPI_Isend/MPI_Irecv in chunks of at most the chunk size below,
 // so blocks and offsets beyond INT_MAX bytes (MPI's int counts) need no special datatype. Before

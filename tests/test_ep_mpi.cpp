@@ -1,7 +1,14 @@
 // The EP forward under mpirun (one process per rank, MPI communicator): the same cases and checks
-// as the mock-rank suite (tests/ep_case.h), plus the bad-input errors on every rank.
+// as the mock-rank suite (tests/ep_case.h), plus the bad-input errors on every rank and a stalled
+// rank under the communicator's deadline.
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "ep_case.h"
 #include "epmoe/error.h"
@@ -63,6 +70,57 @@ TEST(EpMpi, BadIdOnLastRankFailsEveryRank) {
     const std::string want = "rank " + std::to_string(W - 1) + ": topk_ids[3, 1] = " + std::to_string(E + 5);
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
   }
+}
+
+// A rank that stalls (enters forward 2.5 s late) under a 1 s deadline: every other rank's forward
+// raises Error(timeout) within [1, 2.4) s, and their layers refuse the next forward with an error
+// naming the first failure; the late rank's own forward fails too (its count exchange meets the
+// others' posted requests, its dispatch finds nobody). (A rank that dies is mpirun's: it ends the
+// job.)
+TEST(EpMpi, StalledRankMakesTheOthersRaise) {
+  const int W = world();
+  if (W < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto comm = make_mpi_communicator(MPI_COMM_WORLD, 1.0);
+  const int me = comm->rank(), E = 4 * W, k = 2, H = 128, F = 128;
+  const int64_t T = 16;
+  MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = me};
+  auto w1 = random_bf16(size_t(4) * 2 * F * H, 1, 0.1f), w2 = random_bf16(size_t(4) * H * F, 2, 0.1f);
+  MoeLayer layer(cfg,
+                 {TensorView::contiguous(w1.data(), DType::bf16, {4, 2 * F, H}),
+                  TensorView::contiguous(w2.data(), DType::bf16, {4, H, F})},
+                 comm);
+  auto x = make_x(1, me, T, H);
+  auto R = make_routing(T, E, k, RoutingKind::uniform, mix(2, me));
+  std::vector<bf16> y(T * H);
+  auto forward = [&] {
+    layer.forward(TensorView::contiguous(x.data(), DType::bf16, {T, H}),
+                  TensorView::contiguous(R.ids.data(), DType::i32, {T, k}),
+                  TensorView::contiguous(R.weights.data(), DType::f32, {T, k}),
+                  TensorView::contiguous(y.data(), DType::bf16, {T, H}));
+  };
+  auto error_of = [&](auto&& f) -> std::pair<ErrorCode, std::string> {
+    try {
+      f();
+    } catch (const Error& e) {
+      return {e.code(), e.what()};
+    }
+    return {ErrorCode::ok, ""};
+  };
+  if (me == W - 1) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    EXPECT_EQ(error_of(forward).first, ErrorCode::timeout) << "the late rank";
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto [code, what] = error_of(forward);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(code, ErrorCode::timeout) << what;
+    EXPECT_GE(waited, 1.0);
+    EXPECT_LT(waited, 2.4) << "raised only after the stalled rank arrived";
+    const auto [code2, what2] = error_of(forward);
+    EXPECT_NE(code2, ErrorCode::ok) << "the layer took more work after a timeout";
+    EXPECT_NE(what2.find("failed earlier"), std::string::npos) << what2;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
 }
 
 TEST(EpMpi, ConfigMismatchFailsEveryRank) {

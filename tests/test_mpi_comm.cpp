@@ -1,7 +1,7 @@
 // The MPI communicator under mpirun (any number of ranks): exact data for every collective,
 // uneven and empty alltoallv blocks over several planes, the chunked path that carries blocks
 // beyond MPI's int counts (forced with a tiny chunk), and size errors that fail every rank alike
-// and leave the communicator usable.
+// and leave the communicator usable; a stalled peer makes the others time out.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -156,6 +156,40 @@ TEST_F(MpiComm, BarrierWaitsForTheLastRank) {
     comm->allreduce_max_i64(&first_exit, 1);
     if (local_size == world) EXPECT_LE(last_entry, -first_exit) << "round " << round;
   }
+}
+
+// ---- a stalled peer: the others raise Error(timeout) within the deadline, then refuse work ----
+// The last rank enters the barrier 2.5 s late; the others, with a 1 s deadline, raise in [1, 2.4) s
+// and then refuse every call (naming the first failure). The late rank's own barrier completes
+// against the others' still-posted requests, or times out too; a world barrier (another
+// communicator) ends the test with every request completed.
+TEST_F(MpiComm, StalledPeerMakesTheOthersTimeOut) {
+  if (world < 2) GTEST_SKIP() << "needs 2 ranks";
+  auto c = make_mpi_communicator(MPI_COMM_WORLD, 1.0);
+  const int stalled = world - 1;
+  if (me == stalled) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    try {
+      c->barrier();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::timeout) << e.what();
+    }
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto [code, what] = expect_error([&] { c->barrier(); });
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(code, ErrorCode::timeout) << what;
+    EXPECT_NE(what.find("barrier did not complete within 1 s"), std::string::npos) << what;
+    EXPECT_GE(waited, 1.0);
+    EXPECT_LT(waited, 2.4) << "raised only after the stalled rank arrived";
+    int64_t v = 1;
+    const auto [code2, what2] = expect_error([&] { c->allreduce_max_i64(&v, 1); });
+    EXPECT_EQ(code2, ErrorCode::timeout);
+    EXPECT_NE(what2.find("failed earlier"), std::string::npos) << what2;
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  const auto [code, what] = expect_error([] { (void)make_mpi_communicator(MPI_COMM_WORLD, 0.0); });
+  EXPECT_EQ(code, ErrorCode::invalid_argument) << what;
 }
 
 // ---- inconsistent arguments: the same error on every rank, and the communicator still works ----
