@@ -7,11 +7,12 @@
 //   comm_info(int comm) -> int[]                             [rank, world size]
 //   release_comm(int comm) -> ()
 //   create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2,
-//                str save_policy, bool torch_allocator=True) -> int
+//                str save_policy, bool torch_allocator=True, bool deterministic=False) -> int
 //                                                            collective, like MoeLayer's constructor;
 //                                                            CUDA weights: the layer's memory comes from
 //                                                            torch's caching allocator unless
-//                                                            torch_allocator is False
+//                                                            torch_allocator is False; deterministic:
+//                                                            LayerOptions::deterministic
 //   release_layer(int layer) -> ()
 #include <torch/library.h>
 
@@ -99,7 +100,7 @@ void release_comm_op(int64_t h) { comms().remove(h); }
 
 int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
                         const at::Tensor& w1, const at::Tensor& w2, c10::string_view save_policy,
-                        bool torch_allocator) {
+                        bool torch_allocator, bool deterministic) {
   const std::shared_ptr<Communicator> c = comm_of(comm);
   MoeConfig cfg;
   cfg.num_experts = int(num_experts), cfg.top_k = int(top_k), cfg.hidden = int(hidden), cfg.ffn = int(ffn);
@@ -110,6 +111,7 @@ int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_
               "create_layer: save_policy must be 'preact' or 'recompute', got '", p, "'");
   opt.save_policy = p == "preact" ? SavePolicy::rows_and_preactivation : SavePolicy::rows_recompute;
   if (w1.is_cuda() && torch_allocator) opt.device_allocator = torch_device_allocator();
+  opt.deterministic = deterministic;
   EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
               "create_layer: w1 and w2 must be contiguous");
   return register_layer(std::make_shared<MoeLayer>(cfg, ExpertWeights{view_of(w1), view_of(w2)}, c, opt));
@@ -127,7 +129,7 @@ TORCH_LIBRARY_FRAGMENT(epmoe, m) {
   m.def("comm_info(int comm) -> int[]", comm_info_op);
   m.def("release_comm(int comm) -> ()", release_comm_op);
   m.def("create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2, "
-        "str save_policy, bool torch_allocator=True) -> int",
+        "str save_policy, bool torch_allocator=True, bool deterministic=False) -> int",
         create_layer_op);
   m.def("release_layer(int layer) -> ()", release_layer_op);
 }

@@ -97,9 +97,12 @@ class MoE(torch.nn.Module):
     rank's first forward), and again after they move; replaced Parameters are bound at every call.
     On CUDA its workspaces and saved activations come from torch's caching allocator (so
     torch.cuda.memory_allocated counts them); torch_allocator=False gives the layer memory of its own
-    (cudaMalloc and a private pool) instead."""
+    (cudaMalloc and a private pool) instead. deterministic=True makes the forward bitwise reproducible
+    on CUDA (LayerOptions::deterministic: each (row, expert) pair's output stored, a row's pairs summed
+    in slot order); the backward, and the CPU engine, are reproducible either way."""
 
-    def __init__(self, num_experts, top_k, hidden, ffn, comm, save_policy="preact", torch_allocator=True):
+    def __init__(self, num_experts, top_k, hidden, ffn, comm, save_policy="preact", torch_allocator=True,
+                 deterministic=False):
         super().__init__()
         load_library()
         if not isinstance(comm, Communicator):
@@ -110,6 +113,7 @@ class MoE(torch.nn.Module):
             raise ValueError(f"num_experts {num_experts} is not a multiple of the world size {comm.world_size}")
         self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
         self.comm, self.save_policy, self.torch_allocator = comm, save_policy, bool(torch_allocator)
+        self.deterministic = bool(deterministic)
         e = num_experts // comm.world_size
         b1, b2 = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(ffn)
         self.w1 = torch.nn.Parameter(torch.empty(e, 2 * ffn, hidden).uniform_(-b1, b1).to(torch.bfloat16))
@@ -124,7 +128,7 @@ class MoE(torch.nn.Module):
                 self._layer = None
             self._layer = torch.ops.epmoe.create_layer(self.comm.handle, self.num_experts, self.top_k, self.hidden,
                                                        self.ffn, self.w1.detach(), self.w2.detach(),
-                                                       self.save_policy, self.torch_allocator)
+                                                       self.save_policy, self.torch_allocator, self.deterministic)
             self._layer_device = self.w1.device
 
     def forward(self, x, topk_ids, topk_weights):

@@ -47,9 +47,10 @@ def cuda(t):
     return t.cuda() if t is not None else None
 
 
-def make_module(comm, w1, w2, k, policy="preact", torch_allocator=True):
+def make_module(comm, w1, w2, k, policy="preact", torch_allocator=True, deterministic=False):
     E, two_f, H = w1.shape
-    moe = epmoe.MoE(E, k, H, two_f // 2, comm, save_policy=policy, torch_allocator=torch_allocator).cuda()
+    moe = epmoe.MoE(E, k, H, two_f // 2, comm, save_policy=policy, torch_allocator=torch_allocator,
+                    deterministic=deterministic).cuda()
     with torch.no_grad():
         moe.w1.copy_(w1)
         moe.w2.copy_(w2)
@@ -130,6 +131,17 @@ class CudaWorld1(unittest.TestCase):
 
     def test_one_token(self):
         self.check_case("T=1", *make_case(1, 8, 2, 128, 128, 1, 4605), k=2)
+
+    def test_deterministic_forward_is_bitwise_reproducible(self):
+        w1, w2, ranks = make_case(1, 8, 4, 256, 256, 200, 4606)
+        moe = make_module(self.comm, w1, w2, 4, deterministic=True)
+        x, ids, wts, _ = (cuda(t) for t in ranks[0])
+        with torch.no_grad():
+            ys = [moe(x, ids, wts) for _ in range(10)]
+        for i, y in enumerate(ys[1:], 1):
+            self.assertTrue(torch.equal(y.view(torch.int16), ys[0].view(torch.int16)), f"forward {i} differs")
+        ref, _, _ = reference(w1, w2, ranks)
+        close(self, "deterministic y", ys[0].cpu(), ref[0][2])
 
     # ---- communicators ------------------------------------------------------------------------
     def test_communicator_from_a_process_group(self):

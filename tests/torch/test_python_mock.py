@@ -121,6 +121,14 @@ class MockRanks(unittest.TestCase):
     def test_world4_drops(self):
         self.run_world(4, 16, 4, 128, 128, 24, 13, drop=True)
 
+    def test_deterministic_option(self):  # (the CPU engine is reproducible anyway: the option reaches it)
+        moe = epmoe.MoE(8, 2, 128, 128, epmoe.mock_world(1)[0], deterministic=True)
+        x, ids = torch.randn(16, 128).to(torch.bfloat16), torch.randint(0, 8, (16, 2))
+        ids[:, 1] = (ids[:, 0] + 1) % 8
+        wts = torch.rand(16, 2)
+        with torch.no_grad():
+            self.assertTrue(torch.equal(moe(x, ids, wts).view(torch.int16), moe(x, ids, wts).view(torch.int16)))
+
     def test_bad_policy(self):
         with self.assertRaises(ValueError):
             epmoe.MoE(8, 2, 128, 128, epmoe.mock_world(1)[0], save_policy="keep-everything")
