@@ -3,7 +3,7 @@
 // against the fp64-accumulated reference and against iteration 0's bits (the backward and the
 // deterministic forward must not drift); device memory in use (cudaMemGetInfo) and host resident
 // memory are sampled after warm-up - once every T has grown the layer's buffers - and at the end,
-// and must stay flat.
+// and must stay flat. (ctest runs it alone: RUN_SERIAL, as the device's memory in use is global.)
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
