@@ -1,7 +1,7 @@
 // The MPI communicator. alltoall_i64, allreduce_max_i64 and barrier map onto one nonblocking MPI
 // collective each. alltoallv is built from point-to-point messages instead of MPI_Alltoallv because
 // MPI's counts and displacements are int: chunked Isend/Irecv handle any size, and all planes travel
-// in one round of requests. Every wait polls under the communicator's deadline (wait_all).
+// in one round of requests. Every wait polls under the communicator's deadline (wait_requests).
 #include "comm/mpi_comm.h"
 
 #include <algorithm>
@@ -236,7 +236,7 @@ class MpiCommunicator final : public Communicator {
         std::memcpy(static_cast<char*>(pl.recv) + pl.recv_offsets[rank_],
                     static_cast<const char*>(pl.send) + pl.send_offsets[rank_], n);
     }
-    wait_all(requests);
+    wait_requests(requests.data(), requests.size(), "alltoallv");
   }
 
   template <class Post>
@@ -262,13 +262,14 @@ class MpiCommunicator final : public Communicator {
   // 100 us sleeps between tests) or the deadline passed: then Error(timeout), and the communicator
   // refuses further calls (the requests stay posted: an MPI collective cannot be cancelled).
   // MPI_Testall reports a per-request failure as MPI_ERR_IN_STATUS; name the request's own error.
-  void wait_all(std::vector<MPI_Request>& requests, const char* what = "alltoallv") {
-    if (requests.empty()) return;
-    std::vector<MPI_Status> statuses(requests.size());
+  void wait_one(MPI_Request& r, const char* what) { wait_requests(&r, 1, what); }
+  void wait_requests(MPI_Request* requests, size_t count, const char* what) {
+    if (count == 0) return;
+    std::vector<MPI_Status> statuses(count);
     const auto start = std::chrono::steady_clock::now();
     int rc = MPI_SUCCESS, done = 0;
     for (;;) {
-      rc = MPI_Testall(int(requests.size()), requests.data(), &done, statuses.data());
+      rc = MPI_Testall(int(count), requests, &done, statuses.data());
       if (rc != MPI_SUCCESS || done) break;
       const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > deadline_s_) {
@@ -285,12 +286,6 @@ class MpiCommunicator final : public Communicator {
                      " (plane ", s.MPI_TAG, ") failed: ", mpi_error_string(s.MPI_ERROR));
     }
     EPMOE_MPI(rc);
-  }
-
-  void wait_one(MPI_Request& r, const char* what) {
-    std::vector<MPI_Request> one{r};
-    wait_all(one, what);
-    r = one[0];
   }
 
   MPI_Comm comm_ = MPI_COMM_NULL;

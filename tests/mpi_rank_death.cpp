@@ -17,6 +17,7 @@
 #include "epmoe/error.h"
 #include "epmoe/moe_layer.h"
 #include "epmoe/mpi_communicator.h"
+#include "hooked_communicator.h"
 #include "test_support.h"
 
 namespace {
@@ -25,38 +26,18 @@ using namespace epmoe;
 using namespace epmoe::test;
 
 // Forwards to `inner`, but exits the process at its `die_at`-th collective.
-class DyingCommunicator final : public Communicator {
+class DyingCommunicator final : public HookedCommunicator {
  public:
-  DyingCommunicator(std::shared_ptr<Communicator> inner, int die_at) : inner_(std::move(inner)), die_at_(die_at) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  std::string name() const override { return inner_->name(); }
-  MemorySpace memory_space() const override { return inner_->memory_space(); }
-  void alltoall_i64(const int64_t* s, int64_t* r, size_t n) override {
-    maybe_die("alltoall_i64");
-    inner_->alltoall_i64(s, r, n);
-  }
-  void alltoallv(std::span<const AlltoallvPlane> p) override {
-    maybe_die("alltoallv");
-    inner_->alltoallv(p);
-  }
-  void allreduce_max_i64(int64_t* v, size_t n) override {
-    maybe_die("allreduce_max_i64");
-    inner_->allreduce_max_i64(v, n);
-  }
-  void barrier() override {
-    maybe_die("barrier");
-    inner_->barrier();
-  }
+  DyingCommunicator(std::shared_ptr<Communicator> inner, int die_at)
+      : HookedCommunicator(std::move(inner)), die_at_(die_at) {}
 
  private:
-  void maybe_die(const char* what) {
+  void before(const char* what) override {
     if (calls_++ != die_at_) return;
     std::printf("rank %d: dying in %s\n", rank(), what);
     std::fflush(stdout);
     _exit(3);
   }
-  std::shared_ptr<Communicator> inner_;
   int calls_ = 0;
   const int die_at_;
 };

@@ -45,25 +45,43 @@ TEST(EpMpi, RankWithZeroTokens) {
   run_ep_case_cpu(c, make_mpi_communicator());
 }
 
-TEST(EpMpi, BadIdOnLastRankFailsEveryRank) {
-  auto comm = make_mpi_communicator();
-  const int W = world(), me = comm->rank(), E = 4 * W, k = 2, H = 128, F = 128;
-  const int64_t T = 16;
-  MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = me};
-  auto w1 = random_bf16(size_t(4) * 2 * F * H, 1, 0.1f), w2 = random_bf16(size_t(4) * H * F, 2, 0.1f);
-  MoeLayer layer(cfg,
-                 {TensorView::contiguous(w1.data(), DType::bf16, {4, 2 * F, H}),
-                  TensorView::contiguous(w2.data(), DType::bf16, {4, H, F})},
-                 comm);
-  auto x = make_x(1, me, T, H);
-  auto R = make_routing(T, E, k, RoutingKind::uniform, mix(2, me));
-  if (me == W - 1) R.ids[3 * k + 1] = E + 5;
-  std::vector<bf16> y(T * H);
-  try {
+// The error-path tests' step: this rank's layer of 4 experts (E = 4 W, k 2, 128/128) over `comm`
+// and 16 tokens of uniform routing.
+struct SmallStep {
+  static constexpr int k = 2, H = 128, F = 128;
+  static constexpr int64_t T = 16;
+  const int W, me, E;
+  std::vector<bf16> w1, w2;
+  MoeLayer layer;
+  std::vector<bf16> x, y;
+  Routing R;
+  explicit SmallStep(std::shared_ptr<Communicator> comm)
+      : W(world()),
+        me(comm->rank()),
+        E(4 * W),
+        w1(random_bf16(size_t(4) * 2 * F * H, 1, 0.1f)),
+        w2(random_bf16(size_t(4) * H * F, 2, 0.1f)),
+        layer(MoeConfig{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = me},
+              {TensorView::contiguous(w1.data(), DType::bf16, {4, 2 * F, H}),
+               TensorView::contiguous(w2.data(), DType::bf16, {4, H, F})},
+              comm),
+        x(make_x(1, me, T, H)),
+        y(size_t(T) * H),
+        R(make_routing(T, E, k, RoutingKind::uniform, mix(2, me))) {}
+  void forward() {
     layer.forward(TensorView::contiguous(x.data(), DType::bf16, {T, H}),
                   TensorView::contiguous(R.ids.data(), DType::i32, {T, k}),
                   TensorView::contiguous(R.weights.data(), DType::f32, {T, k}),
                   TensorView::contiguous(y.data(), DType::bf16, {T, H}));
+  }
+};
+
+TEST(EpMpi, BadIdOnLastRankFailsEveryRank) {
+  SmallStep st(make_mpi_communicator());
+  const int W = st.W, me = st.me, E = st.E, k = SmallStep::k;
+  if (me == W - 1) st.R.ids[3 * k + 1] = E + 5;
+  try {
+    st.forward();
     ADD_FAILURE() << "rank " << me << ": no error raised";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::expert_id_out_of_range);
@@ -80,24 +98,9 @@ TEST(EpMpi, BadIdOnLastRankFailsEveryRank) {
 TEST(EpMpi, StalledRankMakesTheOthersRaise) {
   const int W = world();
   if (W < 2) GTEST_SKIP() << "needs 2 ranks";
-  auto comm = make_mpi_communicator(MPI_COMM_WORLD, 1.0);
-  const int me = comm->rank(), E = 4 * W, k = 2, H = 128, F = 128;
-  const int64_t T = 16;
-  MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = me};
-  auto w1 = random_bf16(size_t(4) * 2 * F * H, 1, 0.1f), w2 = random_bf16(size_t(4) * H * F, 2, 0.1f);
-  MoeLayer layer(cfg,
-                 {TensorView::contiguous(w1.data(), DType::bf16, {4, 2 * F, H}),
-                  TensorView::contiguous(w2.data(), DType::bf16, {4, H, F})},
-                 comm);
-  auto x = make_x(1, me, T, H);
-  auto R = make_routing(T, E, k, RoutingKind::uniform, mix(2, me));
-  std::vector<bf16> y(T * H);
-  auto forward = [&] {
-    layer.forward(TensorView::contiguous(x.data(), DType::bf16, {T, H}),
-                  TensorView::contiguous(R.ids.data(), DType::i32, {T, k}),
-                  TensorView::contiguous(R.weights.data(), DType::f32, {T, k}),
-                  TensorView::contiguous(y.data(), DType::bf16, {T, H}));
-  };
+  SmallStep st(make_mpi_communicator(MPI_COMM_WORLD, 1.0));
+  const int me = st.me;
+  auto forward = [&] { st.forward(); };
   auto error_of = [&](auto&& f) -> std::pair<ErrorCode, std::string> {
     try {
       f();

@@ -16,8 +16,6 @@
 //     (no hang), then refuses the next forward with a clear error.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -34,6 +32,7 @@
 #include "epmoe/error.h"
 #include "epmoe/moe_layer.h"
 #include "epmoe/reference.h"
+#include "hooked_communicator.h"
 #include "test_support.h"
 
 namespace epmoe::test {
@@ -263,15 +262,6 @@ TEST(ReliabilityBadNumbers, ZeroW2GivesExactZeros) { bad_numbers(Poison::zero_w2
 
 // ---- soak ------------------------------------------------------------------------------------
 
-int64_t resident_bytes() {
-  long pages = 0, resident = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1;
-  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
-  std::fclose(f);
-  return n == 2 ? int64_t(resident) * sysconf(_SC_PAGESIZE) : -1;
-}
-
 // ThreadSanitizer runs the CPU engine ~50x slower (2000 iterations took > 300 s in CI): there the
 // soak is 200 iterations, for the races, and its resident-memory check is left out (TSan's own
 // shadow and history memory grow with the run). Every other build runs all of it.
@@ -339,43 +329,21 @@ TEST(ReliabilitySoak, TwoThousandIterationsStayRightAndFlat) {
 // A communicator that forwards to `inner` but, at its `fault_at`-th collective (0-based), dies
 // (throws, as a crashed rank's harness reports it: the world is aborted) or stalls (sleeps past
 // the world's deadline, then goes on).
-class FaultyCommunicator final : public Communicator {
+class FaultyCommunicator final : public HookedCommunicator {
  public:
   enum class Fault { die, stall };
   FaultyCommunicator(std::shared_ptr<Communicator> inner, int fault_at, Fault fault, double stall_s)
-      : inner_(std::move(inner)), fault_at_(fault_at), fault_(fault), stall_s_(stall_s) {}
-  int rank() const override { return inner_->rank(); }
-  int world_size() const override { return inner_->world_size(); }
-  std::string name() const override { return inner_->name(); }
-  MemorySpace memory_space() const override { return inner_->memory_space(); }
-  void alltoall_i64(const int64_t* s, int64_t* r, size_t n) override {
-    maybe_fault("alltoall_i64");
-    inner_->alltoall_i64(s, r, n);
-  }
-  void alltoallv(std::span<const AlltoallvPlane> p) override {
-    maybe_fault("alltoallv");
-    inner_->alltoallv(p);
-  }
-  void allreduce_max_i64(int64_t* v, size_t n) override {
-    maybe_fault("allreduce_max_i64");
-    inner_->allreduce_max_i64(v, n);
-  }
-  void barrier() override {
-    maybe_fault("barrier");
-    inner_->barrier();
-  }
-  Communicator& inner() { return *inner_; }
+      : HookedCommunicator(std::move(inner)), fault_at_(fault_at), fault_(fault), stall_s_(stall_s) {}
 
  private:
-  void maybe_fault(const char* what) {
+  void before(const char* what) override {
     if (calls_++ != fault_at_) return;
     if (fault_ == Fault::die) {
-      mock_world_abort(*inner_, "rank " + std::to_string(rank()) + " died in " + what);
+      mock_world_abort(inner(), "rank " + std::to_string(rank()) + " died in " + what);
       throw std::runtime_error(std::string("injected death in ") + what);
     }
     std::this_thread::sleep_for(std::chrono::duration<double>(stall_s_));
   }
-  std::shared_ptr<Communicator> inner_;
   int calls_ = 0;
   const int fault_at_;
   const Fault fault_;

@@ -1,7 +1,10 @@
 #include "test_support.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <sstream>
 
@@ -164,6 +167,15 @@ void report_rank_errors(const std::vector<std::exception_ptr>& errors, const std
       ADD_FAILURE() << what << ": rank " << r << " threw: " << e.what();
     }
   }
+}
+
+int64_t resident_bytes() {
+  long pages = 0, resident = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return -1;
+  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return n == 2 ? int64_t(resident) * sysconf(_SC_PAGESIZE) : -1;
 }
 
 }  // namespace epmoe::test

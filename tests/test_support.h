@@ -68,4 +68,8 @@ void expect_close_to_reference(const bf16* y, const float* ref, int64_t T, int h
 // 2^-6 relative plus 2^-6 of the output RMS, and 4e-3 in relative L2 norm (measured: ~2.4e-3).
 inline constexpr Tolerance kCpuTolerance{1.0 / 64, 1.0 / 64, 4e-3};
 
+// This process's resident memory (/proc/self/statm), or -1 where it cannot be read: the soaks'
+// flatness check.
+int64_t resident_bytes();
+
 }  // namespace epmoe::test

@@ -182,14 +182,19 @@ int main(int argc, char** argv) {
     int nt = 0;
     for (char c : touched) nt += c;
     const double floor_us = double(nt) * double(n1 + n2) * 2 / (read_tbs * 1e12) * 1e6;
-    std::vector<double> tg, tr;
-    for (int r = 0; r < iters + 10; ++r) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
-      EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st));
-      EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (r >= 10) tg.push_back(event_ms(e0, e1) * 1e3);
-    }
+    // The median of `iters` timed calls of `enqueue` (after 10 untimed), us between events.
+    auto time_us = [&](auto&& enqueue) {
+      std::vector<double> t;
+      for (int r = 0; r < iters + 10; ++r) {
+        EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
+        enqueue();
+        EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
+        EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
+        if (r >= 10) t.push_back(event_ms(e0, e1) * 1e3);
+      }
+      return median(t);
+    };
+    const double g = time_us([&] { EPMOE_CUDA_CHECK(cudaGraphLaunch(exec, st)); });
     // The graph's output: sampled tokens vs the fp64 reference, rows past T zero.
     std::vector<bf16> hy(hx.size());
     EPMOE_CUDA_CHECK(cudaMemcpy(hy.data(), y.p, hy.size() * 2, cudaMemcpyDeviceToHost));
@@ -201,24 +206,13 @@ int main(int argc, char** argv) {
     for (size_t i = size_t(T) * s.hidden; i < hy.size(); ++i) zero_past = zero_past && hy[i].f() == 0.f;
     const bool ok = rel < 1e-2 && zero_past;
     all_ok = all_ok && ok;
-    for (int r = 0; r < iters + 10; ++r) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
-      layer.forward(view(x, DType::bf16, {T, s.hidden}), view(ids, DType::i32, {T, s.k}),
-                    view(wts, DType::f32, {T, s.k}), view(y, DType::bf16, {T, s.hidden}), st);
-      EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (r >= 10) tr.push_back(event_ms(e0, e1) * 1e3);
-    }
-    std::vector<double> td;
-    for (int r = 0; r < iters + 10; ++r) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
-      layer_det.forward(view(x, DType::bf16, {T, s.hidden}), view(ids, DType::i32, {T, s.k}),
-                        view(wts, DType::f32, {T, s.k}), view(y, DType::bf16, {T, s.hidden}), st);
-      EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
-      if (r >= 10) td.push_back(event_ms(e0, e1) * 1e3);
-    }
-    const double g = median(tg), rg = median(tr), dg = median(td);
+    auto regular = [&](MoeLayer& l) {
+      return time_us([&] {
+        l.forward(view(x, DType::bf16, {T, s.hidden}), view(ids, DType::i32, {T, s.k}),
+                  view(wts, DType::f32, {T, s.k}), view(y, DType::bf16, {T, s.hidden}), st);
+      });
+    };
+    const double rg = regular(layer), dg = regular(layer_det);
     char check[32];
     std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", rel);
     std::printf(" %7lld %8d %10.2f %11.2f %8.2f %12.2f %8.2f %11.2f %9s\n", (long long)T, nt, floor_us, g,

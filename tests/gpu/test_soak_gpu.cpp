@@ -24,14 +24,6 @@ namespace {
 // Tolerance of the GPU paths against the fp64 reference (test_forward_gpu.cpp states the roundings).
 constexpr Tolerance kGpuTolerance{1.0 / 32, 1.0 / 32, 1e-2};
 
-int64_t resident_bytes() {
-  long pages = 0, resident = 0;
-  FILE* f = std::fopen("/proc/self/statm", "r");
-  if (f == nullptr) return -1;
-  const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
-  std::fclose(f);
-  return n == 2 ? int64_t(resident) * 4096 : -1;
-}
 int64_t device_used_bytes() {
   size_t free_b = 0, total_b = 0;
   ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
