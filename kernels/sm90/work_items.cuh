@@ -366,14 +366,14 @@ __device__ __forceinline__ ItemView consume_item(Tile128::Acc& acc, RingCursor<k
     release(cur.stage(), 1u);
     for (int kt = 0; kt < num_k; ++kt) after_issue(iv, kt);
     cur.advance(uint32_t(num_k));
-    named_barrier_sync(kHalfItemBarrier, 256);
+    named_barrier_sync_any_pc(kHalfItemBarrier, 256);
     return iv;
   }
   const uint32_t both = iv.half != 0 ? 2u : 1u;  // arrivals per release from stage 1 on
   mainloop<Tile128>(
       acc, cur, num_k, full0, descs, proxy_fence, [&](uint32_t s, int kt) { release(s, kt > 0 ? both : 1u); },
       [&](int kt) { after_issue(iv, kt); });
-  if (iv.half != 0) named_barrier_sync(kHalfItemBarrier, 256);
+  if (iv.half != 0) named_barrier_sync_any_pc(kHalfItemBarrier, 256);
   return iv;
 }
 

@@ -268,12 +268,19 @@ __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bu
 // All committed bulk stores have completed (their global writes done).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Barrier among `threads` threads of the CTA on named barrier `id` (1..15; 0 is __syncthreads).
-// bar.sync is the .aligned form: every lane of a warp must execute the same instruction, so the warp
-// is reconverged first (compute-sanitizer synccheck found DOWN's half-item barrier reached by a warp
-// still diverged from its epilogue's lane-predicated branches: "divergent thread(s) in block").
+// bar.sync is the .aligned form: every participating warp executes this same instruction, converged
+// (the __syncwarp makes sure of the latter after lane-predicated code).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   __syncwarp();
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+// The same barrier for warps that reach it from different instructions (barrier.sync without
+// .aligned): consume_item's half-item barrier, which the idle warpgroup meets on its early path and
+// the working one after its k loop (compute-sanitizer synccheck reports the .aligned form there as
+// "divergent thread(s) in block").
+__device__ __forceinline__ void named_barrier_sync_any_pc(uint32_t id, uint32_t threads) {
+  __syncwarp();
+  asm volatile("barrier.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
 // 4x4 transpose of 32-bit words across the 4 lanes of a quad (lanes 4i..4i+3), q = lane % 4:
