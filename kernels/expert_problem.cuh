@@ -21,6 +21,10 @@
 //   pair_out[rows_capacity, hidden]    optional (deterministic mode): DOWN stores each real pair's
 //                                      bf16(pair_weight[i] * (act[i] @ w2_e^T)) in row i instead, out
 //                                      untouched; the caller sums a row's pairs in a fixed order
+//   out_acc[out_rows, hidden] f32      optional (the fused swap-AB pipeline, Sm90Plan::fused): its
+//                                      split-K accumulator, ALL ZERO on entry; the pipeline writes
+//                                      out = bf16(out_acc) over all out_rows (out need not be zeroed)
+//                                      and leaves out_acc all zero again. Null: the split kernels run
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -45,6 +49,7 @@ struct ExpertProblem {
   __nv_bfloat16* preact = nullptr;  // (sm_90 UP: h kept for backward)
   __nv_bfloat16* out = nullptr;
   __nv_bfloat16* pair_out = nullptr;  // (deterministic mode; see above)
+  float* out_acc = nullptr;           // (the fused pipeline; see above)
   int64_t rows_capacity = 0;  // rows allocated in act/pair_* (and xs): >= padded_offsets[E_local]
   int64_t out_rows = 0;
   int experts = 0;            // E_local

@@ -13,7 +13,10 @@ present in only one file are listed with '-' on the other side. Where the torch 
 (baseline_moe.py --dense-equiv: the layer's FLOPs as two plain dense cuBLAS GEMMs, no gather,
 padding, SwiGLU or scatter, one expert's weights), 'dense' is that time and 'of dense' = dense_ms /
 our full layer's ms: the share of that practical ceiling our whole layer reaches (1.00 = as fast as
-the bare GEMMs).
+the bare GEMMs). Where our file has forms_ms (epmoe_bench_experts --forms), a second table puts the
+automatic plan, the 128-row kernels, split swap-AB and fused swap-AB (µs, one run, interleaved)
+beside torch's full layer and the weight-streaming floor (touched experts' weights / the HBM read
+rate of that run).
 """
 import json
 import sys
@@ -92,6 +95,27 @@ def main():
                 geo["dense"].append(eff)
             tail = f" | {fmt(dm, '8.4f')} {fmt(flops / dm / 1e9 if dm else None, '6.1f')} {fmt(eff, '8.3f')}"
         print(f"{E:>4} {k:>2} {D:>6} {H:>5} {T:>7} | {cols}{tail}")
+    forms = [key for key in keys if ours.get(key) and ours[key]["raw"].get("forms_ms")]
+    if forms:
+        print()
+        hdr = (f"{'E':>4} {'k':>2} {'hidden':>6} {'ffn':>5} {'T':>7} | {'auto us':>8} {'128-row':>8} {'swap':>8} "
+               f"{'fused':>8} | {'torch us':>8} {'x torch':>7} | {'floor us':>8} {'auto/floor':>10} {'auto/best':>9}")
+        print(hdr)
+        print("-" * len(hdr))
+        for key in forms:
+            E, k, D, H, T = key
+            r = ours[key]["raw"]
+            fm = r["forms_ms"]
+            us = {n: fm.get(n, 0) * 1e3 for n in ("auto", "row128", "swap", "fused")}
+            valid = [v for v in us.values() if v > 0]
+            best = min(valid) if valid else None
+            t = torch_.get(key)
+            tf = t["full"] * 1e3 if t and ok(t["full"]) else None
+            fl = r.get("floor_ms", 0) * 1e3
+            a = us["auto"] if us["auto"] > 0 else None
+            print(f"{E:>4} {k:>2} {D:>6} {H:>5} {T:>7} | " + " ".join(fmt(us[n] or None, "8.1f") for n in us)
+                  + f" | {fmt(tf, '8.1f')} {fmt(tf / a if (tf and a) else None, '7.2f')} | {fmt(fl or None, '8.1f')} "
+                  f"{fmt(a / fl if (a and fl) else None, '10.2f')} {fmt(a / best if (a and best) else None, '9.3f')}")
     if geo["full"]:
         print(f"# full region: geomean speedup (torch_ms / ours_ms) {geomean(geo['full']):.3f} over {len(geo['full'])} shapes")
     if geo["seed"]:

@@ -11,7 +11,7 @@
 #                                                   mock ranks, CUDA tensors, opcheck, torch.compile)
 #   mpi            ctest -L mpi                    (np 2 GPU suites with >= 2 GPUs; with 1 GPU, -LE gpu)
 #   train          mpirun epmoe_train (the main job's training step), 100 steps at E=32 k=4 2048/1024
-#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad*:
+#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad* / swap / fused:
 #                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
 #   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
 #                  and test_layout_gpu, and on test_backward_gpu's small cases; initcheck + synccheck
@@ -249,9 +249,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_swap_ab*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_swap_ab* / *sm90_fused_swap*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab|sm90_fused_swap/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /HGMMA/) h[name]++

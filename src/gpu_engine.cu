@@ -452,6 +452,7 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       // unknown, so every save policy runs the same kernels (the same y and h bits; Sm90Shape::pairs).
       if (f.save == nullptr) prob.pairs = f.plan.total_pairs();
       const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
+      if (plan.fused && !opt_.deterministic) prob.out_acc = fused_accumulator(R, s);
       kernels::sm90_experts_launch(prob, plan, s);
     } else {
       prob.xs = xs_.as<__nv_bfloat16>();
@@ -467,6 +468,15 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
     }
   }
   record(kExpertsEnd, s);
+}
+
+float* GpuEngine::fused_accumulator(int64_t rows, cudaStream_t s) {
+  const size_t bytes = size_t(rows) * cfg.hidden * sizeof(float);
+  if (!fused_acc_.fits(bytes)) {
+    fused_acc_.ensure(bytes);
+    EPMOE_CUDA_CHECK(cudaMemsetAsync(fused_acc_.as<void>(), 0, fused_acc_.bytes(), s));
+  }
+  return fused_acc_.as<float>();
 }
 
 // The rows go back the way they came (into send_x_, which the dispatch is done with).

@@ -94,6 +94,8 @@ class GpuEngine final : public MoeLayer::Engine {
   // forward(..., save) under rows_and_preactivation: h goes through cuBLAS into the saved state,
   // SwiGLU makes act, then the path's DOWN (gpu_backward.cu).
   void run_experts_saving_h(const Forward& f, kernels::ExpertProblem prob, cudaStream_t s);
+  // fused_acc_ for `rows` output rows, all zero (a grown buffer is zeroed on s).
+  float* fused_accumulator(int64_t rows, cudaStream_t s);
   void combine(const Forward& f, cudaStream_t s);
   void source_reduce(const Forward& f, const TensorView& y, cudaStream_t s);
   // gpu_backward.cu: the saved state's buffers (after the count exchange) and the copies that fill
@@ -142,6 +144,9 @@ class GpuEngine final : public MoeLayer::Engine {
   // the deterministic forward's (LayerOptions::deterministic): each pair's expert output, the row ->
   // pair map its fixed-order sum reads
   DeviceBuffer det_pair_out_, det_row_pair_;
+  // the fused pipeline's fp32 accumulator (Sm90Plan::fused; ExpertProblem::out_acc): all zero between
+  // calls (zeroed when it grows, left zero by the pipeline)
+  DeviceBuffer fused_acc_;
   // the backward's scratch (count-sized): dy rows expert-sorted, da, dh, act_s, dx per pair, ds per
   // pair, the row -> pair map, ds per (row, slot) on both sides
   DeviceBuffer b_dys_, b_da_, b_dh_, b_act_s_, b_dxp_, b_ds_pair_, b_row_pair_, b_ds_rows_, b_ds_back_, b_h_;
@@ -152,12 +157,14 @@ class GpuEngine final : public MoeLayer::Engine {
                       &recv_meta_, &combine_,   &xs_,        &act_,        &pair_row_,  &pair_weight_,
                       &expert_ws_, &cublas_ws_, &b_dys_,     &b_da_,       &b_dh_,      &b_act_s_,  &b_dxp_,
                       &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_, &cap_layout_, &cap_act_,
-                      &cap_slots_, &det_pair_out_, &det_row_pair_};
+                      &cap_slots_, &det_pair_out_, &det_row_pair_, &fused_acc_, &cap_fused_acc_};
   }
 
   // the capturable forward's (sized once, for max_tokens_per_rank; gpu_capturable.cu carves them):
   // the expert layout and error record, act [cap_rows_, ffn], and the slots transport's buffers
   DeviceBuffer cap_layout_, cap_act_, cap_slots_;
+  DeviceBuffer cap_fused_acc_;  // (sized at construction where a capturable plan can be fused)
+  bool cap_fused_ = false;
   int64_t cap_rows_ = 0;
   bool cap_slots_on_ = false;  // the slots transport (else local)
 

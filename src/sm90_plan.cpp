@@ -29,13 +29,13 @@ std::string to_string(const Sm90Plan& p) {
      << " down_order=" << to_string(p.down_order) << " down=" << (p.down_cluster ? "cluster" : "single")
      << " split=" << both(p.up_split, p.down_split) << " split_ctas=" << p.split_ctas
      << " pad=" << both(p.up_pad_halves, p.down_pad_halves) << " tail=" << (p.tail_split ? "on" : "off")
-     << " swap=" << (p.swap_ab ? "on" : "off");
+     << " swap=" << (p.swap_ab ? "on" : "off") << " fused=" << (p.fused ? "on" : "off");
   return os.str();
 }
 
 bool Sm90PlanOverride::empty() const {
   return !up_form && !up_order && !down_order && !down_cluster && !up_split && !down_split && !split_ctas &&
-         !up_pad_halves && !down_pad_halves && !tail_split && !swap_ab;
+         !up_pad_halves && !down_pad_halves && !tail_split && !swap_ab && !fused;
 }
 
 Sm90Plan Sm90PlanOverride::applied_to(Sm90Plan p) const {
@@ -50,6 +50,7 @@ Sm90Plan Sm90PlanOverride::applied_to(Sm90Plan p) const {
   if (down_pad_halves) p.down_pad_halves = *down_pad_halves;
   if (tail_split) p.tail_split = *tail_split;
   if (swap_ab) p.swap_ab = *swap_ab;
+  if (fused) p.fused = *fused;
   return p;
 }
 
@@ -118,8 +119,12 @@ Sm90PlanOverride parse_sm90_plan_override(std::string_view spec) {
       if (v == "on") o.swap_ab = true;
       else if (v == "off") o.swap_ab = false;
       else bad(t, "swap=on|off");
+    } else if (k == "fused") {
+      if (v == "on") o.fused = true;
+      else if (v == "off") o.fused = false;
+      else bad(t, "fused=on|off");
     } else {
-      bad(t, "one of up, order, up_order, down_order, down, split, split_ctas, pad, tail, swap");
+      bad(t, "one of up, order, up_order, down_order, down, split, split_ctas, pad, tail, swap, fused");
     }
   }
   return o;

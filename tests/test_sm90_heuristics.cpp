@@ -235,6 +235,33 @@ TEST(Sm90Heuristics, SwapAbRuleFollowsTheMeasuredCrossover) {
   EXPECT_EQ(swap_rows, 2) << "the rule picks swap-AB where it wins (T = 1, 2)";
 }
 
+// The fused pipeline against the split swap-AB kernels as measured (epmoe_bench_experts --ab-plan
+// 'swap=on,fused=off/fused=on', full layer, median of interleaved graph replays; 2026-12-03 on an
+// H200, docs/PERFORMANCE.md): the automatic choice (never fused) must be within 3% of the faster
+// side of every row.
+struct FusedRow {
+  int E, k, hidden, ffn;
+  int64_t T;
+  double ms_split, ms_fused;
+};
+constexpr FusedRow kFusedCrossover[] = {
+    {32, 4, 2048, 1024, 1, 0.0231, 0.0230}, {32, 4, 2048, 1024, 2, 0.0381, 0.0383},
+    {32, 4, 2048, 1024, 4, 0.0632, 0.0625}, {32, 4, 2048, 1024, 8, 0.0908, 0.0907},
+    {32, 4, 2048, 1024, 64, 0.1215, 0.1465}, {128, 8, 2048, 768, 1, 0.0358, 0.0364},
+    {32, 8, 7168, 2048, 1, 0.1832, 0.1985}, {32, 4, 2048, 1024, 128, 0.1254, 0.1772},
+    {32, 4, 2048, 1024, 512, 0.1928, 0.3900}, {128, 8, 2048, 768, 512, 0.4008, 0.6756},
+    {32, 8, 7168, 2048, 256, 1.3511, 2.6292},
+};
+TEST(Sm90Heuristics, FusedRuleFollowsTheMeasuredCrossover) {
+  for (const FusedRow& r : kFusedCrossover) {
+    const Sm90Shape s{r.E, r.hidden, r.ffn, engine_capacity(r.T, r.k, r.E), r.T * r.k};
+    const bool fused = choose_sm90_plan(s, kH200).fused;
+    const double picked = fused ? r.ms_fused : r.ms_split, best = std::min(r.ms_split, r.ms_fused);
+    EXPECT_LE(picked, 1.03 * best) << "E=" << r.E << " k=" << r.k << " " << r.hidden << "/" << r.ffn << " T=" << r.T
+                                   << ": picked " << (fused ? "fused" : "split") << " at " << picked << " ms";
+  }
+}
+
 // The rules' thresholds, each side of each bound (shapes given directly, capacity included).
 TEST(Sm90Heuristics, RuleThresholds) {
   using epmoe::kernels::kClusterMinHidden;
@@ -376,6 +403,12 @@ TEST(Sm90Heuristics, CheckRejectsInvalidPlans) {
   fixed.down_cluster = true;
   fixed.down_pad_halves = false;
   expect_rejected(bad, fixed, s2048, "pad=down");
+  // The fused pipeline is built in the swap-AB form only.
+  bad = fixed = base;
+  fixed.swap_ab = bad.fused = true;
+  fixed.fused = true;
+  bad.swap_ab = false;
+  expect_rejected(bad, fixed, s2048, "fused=on");
   // Shapes the kernels cannot run at all, whatever the plan.
   for (const Sm90Shape& s : {Sm90Shape{32, 2000, 1024, 4096}, Sm90Shape{32, 2048, 1000, 4096}, Sm90Shape{0, 2048, 1024, 4096},
                              Sm90Shape{32, 0, 1024, 4096}, Sm90Shape{32, 2048, 0, 4096}, Sm90Shape{32, 2048, 1024, 0},
@@ -435,6 +468,9 @@ TEST(Sm90PlanText, ParsesEveryKeyAndValue) {
   EXPECT_TRUE(*parse("swap=on").swap_ab);
   EXPECT_FALSE(*parse("swap=off").swap_ab);
   EXPECT_FALSE(parse("swap=on").tail_split || parse("swap=on").up_form);
+  EXPECT_TRUE(*parse("fused=on").fused);
+  EXPECT_FALSE(*parse("fused=off").fused);
+  EXPECT_FALSE(parse("fused=on").swap_ab);  // (resolve turns swap on for it: ResolveAppliesAndChecksOverrides)
   // Several keys, any of the three separators; a later key wins over an earlier one.
   const Sm90PlanOverride o = parse("up=cluster,order=expert down=single;split=up+down,split_ctas=1,pad=none,tail=off");
   EXPECT_EQ(*o.up_form, Sm90UpForm::cluster);
@@ -455,7 +491,7 @@ TEST(Sm90PlanText, ParsesEveryKeyAndValue) {
 TEST(Sm90PlanText, RejectsUnknownKeysAndValues) {
   for (const char* bad : {"up=quad", "split_ctas=-1", "order=", "bogus", "=single", "up", "UP=single", "up=Single",
                           "order=tile", "up_order=auto", "down_order=1", "down=pairs", "split=all", "pad=skip",
-                          "tail=half", "tail=", "swap=", "swap=yes", "split_ctas=-1", "split_ctas=1x", "split_ctas=", "split_ctas=99999999999",
+                          "tail=half", "tail=", "swap=", "swap=yes", "fused=", "fused=1", "split_ctas=-1", "split_ctas=1x", "split_ctas=", "split_ctas=99999999999",
                           "up=single,bogus=1", "up=single,tail=yes"}) {
     const auto e = error_of([&] { (void)parse(bad); });
     ASSERT_TRUE(e.has_value()) << "'" << bad << "' accepted";
@@ -500,6 +536,7 @@ TEST(Sm90PlanText, RoundTripsEveryCatalogPlan) {
   flipped.split_ctas = 3;
   flipped.tail_split = false;
   flipped.swap_ab = true;
+  flipped.fused = true;
   const auto catalog = epmoe::kernels::sm90_plan_catalog(kH200);
   ASSERT_FALSE(catalog.empty());
   for (const auto& [shape, p] : catalog) {
@@ -548,8 +585,18 @@ TEST(Sm90Heuristics, ResolveAppliesAndChecksOverrides) {
   const Sm90Plan ug = resolve_sm90_plan(s7168, kH200, parse("up_order=global"));
   EXPECT_FALSE(ug.up_split);
   EXPECT_TRUE(ug.down_split && ug.down_order == Sm90Order::by_expert) << to_string(ug);
+  // fused=on brings the swap-AB form it is built in; swap=off drops a fused default; both set and
+  // contradicting is an error (below).
+  const Sm90Plan fo = resolve_sm90_plan(s, kH200, parse("fused=on"));
+  EXPECT_TRUE(fo.fused && fo.swap_ab) << to_string(fo);
+  Sm90PlanOverride fused_default = full_override(fo);  // a default that is fused, then swap=off on top
+  fused_default.swap_ab = false;
+  fused_default.fused.reset();
+  EXPECT_FALSE(resolve_sm90_plan(s, kH200, fused_default).fused);
+  EXPECT_FALSE(resolve_sm90_plan(s, kH200, parse("swap=on")).fused);
   // Invalid fields that are set: thrown, not silently repaired.
   for (const auto& [shape, spec] : std::vector<std::pair<Sm90Shape, const char*>>{
+           {s, "fused=on,swap=off"},
            {s1408, "up=pairs"},
            {s, "split=up"},                          // the default order is global at 2048
            {s7168, "order=global,split=down"},

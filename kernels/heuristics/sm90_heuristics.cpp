@@ -104,6 +104,10 @@ void check_sm90_plan(const Sm90Plan& p, const Sm90Shape& s) {
               plan, "': pad=up needs up=single (clusters and pairs run whole tiles)");
   EPMOE_CHECK(!p.down_pad_halves || !p.down_cluster, ErrorCode::invalid_argument, "sm90 plan '", plan,
               "': pad=down needs down=single");
+  EPMOE_CHECK(!p.fused || p.swap_ab, ErrorCode::invalid_argument, "sm90 plan '", plan,
+              "': fused=on needs swap=on (the fused pipeline is built in the swap-AB form only)");
+  EPMOE_CHECK(!p.fused || (s.ffn % 32 == 0 && s.hidden % 128 == 0), ErrorCode::invalid_argument, "sm90 plan '",
+              plan, "': fused=on needs ffn % 32 == 0 and hidden % 128 == 0");
 }
 
 Sm90Plan resolve_sm90_plan(const Sm90Shape& s, const Sm90Device& d, const Sm90PlanOverride& o) {
@@ -117,6 +121,9 @@ Sm90Plan resolve_sm90_plan(const Sm90Shape& s, const Sm90Device& d, const Sm90Pl
   if (!o.down_split && (p.down_order != Sm90Order::by_expert ||
                         !fits_smem(tall_down_smem_bytes(s.experts), kTallStaticSmemReserve)))
     p.down_split = false;
+  // fused=on asks for the swap-AB form it is built in; swap=off drops a default fused.
+  if (o.fused && *o.fused && !o.swap_ab) p.swap_ab = true;
+  if (!o.fused && !p.swap_ab) p.fused = false;
   check_sm90_plan(p, s);
   return p;
 }
@@ -134,6 +141,7 @@ Sm90PlanOverride full_override(const Sm90Plan& p) {
   o.down_pad_halves = p.down_pad_halves;
   o.tail_split = p.tail_split;
   o.swap_ab = p.swap_ab;
+  o.fused = p.fused;
   return o;
 }
 
@@ -149,8 +157,8 @@ std::vector<std::pair<Sm90Shape, Sm90Plan>> sm90_plan_catalog(const Sm90Device& 
           const int64_t rows = rows_per_expert * E;
           Sm90Shape s{E, hidden, ffn, (rows + int64_t(E) * (kBM - 1) + kBM - 1) / kBM * kBM, rows};
           const Sm90Plan p = choose_sm90_plan(s, d);
-          // (swap-AB plans run the same two kernels whatever their other fields: one entry)
-          const std::string key = p.swap_ab ? std::string("swap") : to_string(p);
+          // (swap-AB plans run the same kernels whatever their other fields: one entry per form)
+          const std::string key = p.swap_ab ? std::string(p.fused ? "fused" : "swap") : to_string(p);
           auto it = best.find(key);
           if (it == best.end() || cost(s) < cost(it->second.first)) best[key] = {s, p};
         }

@@ -45,6 +45,9 @@ inline constexpr int kPadHalvesL2Fraction = 4;
 // weight rows per item. Tiles bound: min(rows_capacity / 128, min(E, pairs) + pairs / 128) - a
 // segment of c rows takes ceil(c / 128) tiles.
 inline constexpr int kSwapAbSmsDivisor = 2;
+// The fused swap-AB pipeline (Sm90Plan::fused) is never a default: measured against the split swap-AB
+// kernels it ties at T <= 8 (0.99-1.02) and loses above (fp32 split-K reductions, ffn / 32 per pair
+// and column; tests/test_sm90_heuristics.cpp FusedRuleFollowsTheMeasuredCrossover). Override only.
 // The tiles a layout of `pairs` pairs over the shape's experts can use, at most.
 int64_t sm90_tiles_bound(const Sm90Shape& s);
 

@@ -98,6 +98,11 @@ void sm90_down_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t
 }
 
 void sm90_experts_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s) {
+  // The fused pipeline where the problem allows it (Sm90Plan::fused); else its split swap-AB kernels.
+  if (plan.fused && p.out_acc != nullptr && p.preact == nullptr && p.pair_out == nullptr) {
+    check(p, plan, "sm90_experts_launch");
+    return sm90::launch_fused_swap_kernel(p, s);
+  }
   sm90_up_launch(p, plan, s);
   sm90_down_launch(p, plan, s, /*pdl=*/true);
 }

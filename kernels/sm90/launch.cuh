@@ -86,5 +86,8 @@ void launch_down_tall_kernel(const ExpertProblem& p, int split_ctas, cudaStream_
 // swap_ab_kernel.cu: UP (up = true; act, and h when p.preact) or DOWN (PDL-chained when pdl) with
 // the weights in wgmma's M and each tile's real rows in N.
 void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream_t s);
+// fused_swap_kernel.cu: the fused pipeline (UP + DOWN in one grid, then out = bf16(out_acc) as its
+// PDL dependent). Needs p.out_acc (all zero; left all zero), no p.preact, no p.pair_out.
+void launch_fused_swap_kernel(const ExpertProblem& p, cudaStream_t s);
 
 }  // namespace epmoe::kernels::sm90

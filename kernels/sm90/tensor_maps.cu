@@ -26,21 +26,24 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 }
 
 CUresult encode_raw(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
-                    const cuuint64_t* strides_bytes, const cuuint32_t* box, const char* what) {
+                    const cuuint64_t* strides_bytes, const cuuint32_t* box, const char* what,
+                    CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B,
+                    CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   EPMOE_CHECK(base != nullptr, ErrorCode::invalid_argument, what, ": null base pointer");
   EPMOE_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, ErrorCode::invalid_argument, what,
               ": base pointer must be 16-byte aligned");
   *map = CUtensorMap{};
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
   return encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides_bytes, box,
-                     elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                     elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                     promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
-                   const cuuint32_t* box, const char* what) {
+                   const cuuint32_t* box, const char* what, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B,
+                   CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
   CUtensorMap map;
-  const CUresult r = encode_raw(&map, base, rank, dims, strides_bytes, box, what);
+  const CUresult r = encode_raw(&map, base, rank, dims, strides_bytes, box, what, swizzle, promotion);
   EPMOE_CHECK(r == CUDA_SUCCESS, ErrorCode::cuda_error, what, ": cuTensorMapEncodeTiled failed with CUresult ",
               int(r));
   return map;
@@ -121,6 +124,19 @@ CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ff
   const cuuint64_t strides[2] = {F * 2, H * F * 2};
   const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
   return encode(w2, 3, dims, strides, box, "w2 map");
+}
+
+CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn) {
+  EPMOE_CHECK(experts > 0 && hidden % 128 == 0 && ffn % 32 == 0, ErrorCode::invalid_argument,
+              "w2 slice map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {F * 2, H * F * 2};
+  const cuuint32_t box[3] = {32, 256, 1};
+  // 64 B per row: a 256-byte L2 promotion would fetch each row's next three item blocks too (the
+  // other CTAs' slices, not necessarily read while still in L2), so no promotion.
+  return encode(w2, 3, dims, strides, box, "w2 slice map", CU_TENSOR_MAP_SWIZZLE_64B,
+                CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
 
 }  // namespace epmoe::kernels::sm90

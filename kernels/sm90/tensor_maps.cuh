@@ -43,5 +43,8 @@ CUtensorMap make_w1_box_map(const __nv_bfloat16* w1, int experts, int hidden, in
 // W2 [E, hidden, ffn] as rank 3 {ffn, hidden, E}, box {64, box_rows, 1}; coordinate {k0, n0, e}.
 // Rows past `hidden` within an expert read as zero (never the next expert's rows).
 CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn, int box_rows);
+// W2 the same way with box {32, 256, 1}, SWIZZLE_64B, no L2 promotion: the fused pipeline's DOWN
+// stage, 256 rows of one item's 32 act columns (coordinate {32 j, n0, e}; rows past hidden read as 0).
+CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn);
 
 }  // namespace epmoe::kernels::sm90

@@ -50,6 +50,18 @@ inline constexpr uint32_t kSwapDownStagingBytes = kSwapRows * kSwapDownStride * 
 inline constexpr size_t kSwapSmemBytes =
     1024 + size_t(kSwapStages) * kSwapStageBytes +
     (kSwapUpStagingBytes > kSwapDownStagingBytes ? kSwapUpStagingBytes : kSwapDownStagingBytes);
+// The fused swap-AB pipeline (fused_swap_kernel.cu): the swap UP's ring and items; after UP, an
+// item's act [64 tokens][32] stays in shared memory (64B-swizzled: DOWN's K is the item's 32 act
+// columns) and DOWN runs over the whole hidden, 256 W2 rows (four m64 tiles: the whole 16 KB stage)
+// per stage, staged in fp32 for 16-byte reductions one 64-column tile at a time (N >= 16; at N = 8
+// each thread reduces its fragment directly).
+inline constexpr int kFusedDownRows = 256;
+inline constexpr uint32_t kFusedDownBoxBytes = kFusedDownRows * 32 * 2;  // 16 KB: a whole stage
+inline constexpr uint32_t kFusedActBytes = kSwapRows * 32 * 2;           // 4 KB
+inline constexpr int kFusedStagingStride = 64 + 4;                       // floats per staging row
+inline constexpr uint32_t kFusedStagingBytes = kSwapRows * kFusedStagingStride * 4;
+inline constexpr size_t kFusedSmemBytes = 1024 + size_t(kSwapStages) * kSwapStageBytes + kFusedActBytes +
+                                          kFusedStagingBytes;
 // N of a half tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
 inline constexpr int swap_ab_n(int rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
@@ -82,6 +94,8 @@ inline constexpr size_t tall_down_smem_bytes(int experts) {
 }
 
 static_assert(kSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the swap-AB ring exceeds shared memory");
+static_assert(kFusedSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the fused ring exceeds shared memory");
+static_assert(kFusedDownBoxBytes <= kSwapStageBytes, "a fused DOWN stage's W2 box must fit a stage");
 static_assert(kSwapStageBytes % 1024 == 0 && kSwapATileBytes % 1024 == 0, "swap-AB tiles must keep 1024 B alignment");
 static_assert(kBM == 128, "the consumer split (2 warpgroups x 64 rows) assumes 128-row tiles");
 static_assert(kRingSmemBytes <= kMaxDynSmemBytes, "the ring exceeds the sm_90 opt-in limit");

@@ -42,6 +42,12 @@ struct Sm90Plan {
   // (8..128, per tile on the device), 64 weight rows per CTA item. For experts with few rows (decode);
   // the fields above then do not apply.
   bool swap_ab = false;
+  // The fused swap-AB pipeline (seed 000's single launch): each UP item goes on to its 32 act
+  // columns' share of DOWN (a split-K GEMM over ffn, reduced in fp32 in the memory system), the
+  // activation never leaving shared memory. Needs swap_ab (the 128-row fused form is not built);
+  // runs only where the experts' inputs allow it (an inference forward: no h kept, not
+  // deterministic, an fp32 accumulator given), else the split swap-AB kernels run.
+  bool fused = false;
 
   bool operator==(const Sm90Plan&) const = default;
 };
@@ -52,18 +58,19 @@ struct Sm90PlanOverride {
   std::optional<Sm90Order> up_order, down_order;
   std::optional<bool> down_cluster, up_split, down_split;
   std::optional<int> split_ctas;
-  std::optional<bool> up_pad_halves, down_pad_halves, tail_split, swap_ab;
+  std::optional<bool> up_pad_halves, down_pad_halves, tail_split, swap_ab, fused;
 
   bool empty() const;
   Sm90Plan applied_to(Sm90Plan p) const;
 };
 
 // "up=pairs up_order=global down_order=expert down=single split=up+down split_ctas=132
-//  pad=down tail=on swap=off" - one line, the override syntax below reads it back.
+//  pad=down tail=on swap=off fused=off" - one line, the override syntax below reads it back.
 std::string to_string(const Sm90Plan& p);
 // Parses "key=value,key=value,..." (or space-separated): up=single|cluster|pairs,
 // order=global|expert (both kernels), up_order=, down_order=, down=single|cluster,
-// split=none|up|down|up+down, split_ctas=N, pad=none|up|down|up+down, tail=on|off, swap=on|off.
+// split=none|up|down|up+down, split_ctas=N, pad=none|up|down|up+down, tail=on|off, swap=on|off,
+// fused=on|off.
 // Throws Error(invalid_argument) naming the bad token.
 Sm90PlanOverride parse_sm90_plan_override(std::string_view spec);
 

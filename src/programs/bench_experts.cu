@@ -54,10 +54,13 @@ using epmoe::kernels::hash_fill::mix64;
 const char* const kUsage =
     "usage: %s [--shapes quick|full] [--shape E,k,hidden,ffn,T]... [--iters N] [--warmup-ms MS] [--json PATH]\n"
     "          [--no-check] [--routing softmax|balanced] [--zero up|side [--zero-before-down]] [--plan SPEC]\n"
-    "          [--ab-plan SPEC_A/SPEC_B [--ab-blocks N] [--ab-only] [--ab-region full|up|down]]\n"
+    "          [--ab-plan SPEC_A/SPEC_B [--ab-blocks N] [--ab-only] [--ab-region full|up|down]] [--forms]\n"
     "  SPEC: a plan override, key=value,... (epmoe/sm90_plan.h): up=single|cluster|pairs, order=global|expert,\n"
     "        up_order=, down_order=, down=single|cluster, split=none|up|down|up+down, split_ctas=N,\n"
-    "        pad=none|up|down|up+down, tail=on|off, swap=on|off. An empty --ab-plan side is the default plan (with --plan).\n";
+    "        pad=none|up|down|up+down, tail=on|off, swap=on|off, fused=on|off. An empty --ab-plan side is the default\n"
+    "        plan (with --plan).\n"
+    "  --forms: the full layer under the automatic plan, the 128-row kernels, split swap-AB and fused swap-AB,\n"
+    "        interleaved, beside the weight-streaming floor (touched experts' weights / HBM read rate, this run).\n";
 
 void fill_hash(uint16_t* p, int64_t n, uint64_t seed, float scale) {
   fill_hash_kernel<<<2048, 256>>>(p, n, seed, scale);
@@ -103,7 +106,25 @@ struct Result {
   int checked_tokens = 0;
   double ab_a_ms = 0, ab_b_ms = 0;  // --ab-plan: the region under each plan (median of all its replays)
   std::vector<double> ab_block_ms;  // --ab-blocks: each block's median, in run order (A B B A A B ...)
+  // --forms: the full layer under each form of kForms (0: not valid for the shape), and the floor
+  double form_ms[4] = {0, 0, 0, 0};
+  int touched = 0;
+  double hbm_tbs = 0, floor_ms = 0;
 };
+
+// --forms: the automatic plan (the default, with --plan), then each form forced on top of it.
+constexpr const char* kFormNames[4] = {"auto", "row128", "swap", "fused"};
+constexpr const char* kFormSpecs[4] = {"", "swap=off,fused=off", "swap=on,fused=off", "fused=on"};
+
+// A streaming read of n 16-byte words (xor-folded so it cannot be dropped): the HBM read rate.
+__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* __restrict__ sink) {
+  unsigned acc = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;
+}
 
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -183,6 +204,7 @@ struct Options {
   // --ab-only: skip the table's own timings (five warm-ups per shape) and time only the A/B; the
   // table then prints zeros in those columns.
   bool ab_only = false;
+  bool forms = false;  // --forms (kFormSpecs)
   // --ab-region: what the A/B replays: the full layer, or UP (without the zeroing) or DOWN alone
   // (a probe of one kernel's steady state, e.g. under launch/power_probe.sh).
   std::string ab_region = "full";
@@ -235,7 +257,8 @@ Result run_shape(const Shape& sh, const Options& opt) {
     xbuf.emplace_back(x_bytes);
     fill_hash(xbuf.back().as<uint16_t>(), T * H, 1000 + i, 1.0f);
   }
-  Dev act(size_t(cap) * F * 2), out(size_t(T) * H * 2);
+  Dev act(size_t(cap) * F * 2), out(size_t(T) * H * 2), out_acc(size_t(T) * H * 4);
+  EPMOE_CUDA_CHECK(cudaMemset(out_acc.p, 0, out_acc.bytes));  // (the fused pipeline leaves it zero)
 
   const epmoe::kernels::ExpertWeightsView wv{w1.as<__nv_bfloat16>(), w2.as<__nv_bfloat16>(), E, H, F};
   const epmoe::kernels::ExpertLayoutView lv{offs.as<int64_t>(), prow.as<int32_t>(), pw.as<float>(), cap};
@@ -243,9 +266,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
     ExpertProblem p = epmoe::kernels::make_expert_problem(wv, xbuf[size_t(set)].as<__nv_bfloat16>(), T, lv,
                                                           act.as<__nv_bfloat16>(), out.as<__nv_bfloat16>(), T, zero_out);
     p.pairs = T * k;
+    p.out_acc = out_acc.as<float>();  // (read by a fused plan only)
     return p;
   };
-  const bool table = !opt.ab_only;
+  const bool table = !opt.ab_only && !opt.forms;  // (--forms times the automatic plan itself)
   res.plan = epmoe::kernels::sm90_plan_for(problem(0), epmoe::parse_sm90_plan_override(opt.plan_spec));
   if (opt.ab) {
     res.plan_a = epmoe::kernels::sm90_plan_for(problem(0), side_override(opt, opt.ab_a));
@@ -263,6 +287,10 @@ Result run_shape(const Shape& sh, const Options& opt) {
 
   // serial_zero: the zeroing on the main stream first (no overlap), to measure what the overlap saves.
   auto enqueue_full = [&](int set, const Sm90Plan& plan, bool serial_zero = false) {
+    if (plan.fused) {  // the fused pipeline writes every out row itself: no zeroing to wait for
+      epmoe::kernels::sm90_experts_launch(problem(set), plan, s);
+      return;
+    }
     if (serial_zero || opt.zero_in_up) {
       if (serial_zero) EPMOE_CUDA_CHECK(cudaMemsetAsync(out.p, 0, out.bytes, s));
       epmoe::kernels::sm90_experts_launch(problem(set, /*zero_out=*/!serial_zero), plan, s);
@@ -392,6 +420,55 @@ Result run_shape(const Shape& sh, const Options& opt) {
     destroy(ga);
     destroy(gb);
   }
+  std::vector<Sm90Plan> form_plans;  // (checked below with the others)
+  if (opt.forms) {
+    // Every form's graphs, replayed round-robin (each round in a rotated order) so drift falls on
+    // all alike; a form the shape cannot run stays at 0.
+    std::vector<int> fs;
+    std::vector<std::vector<cudaGraphExec_t>> gs(4);
+    for (int f = 0; f < 4; ++f) {
+      Sm90Plan plan;
+      try {
+        plan = epmoe::kernels::sm90_plan_for(problem(0), side_override(opt, kFormSpecs[f]));
+      } catch (const epmoe::Error&) {
+        continue;
+      }
+      gs[size_t(f)] = capture_sets([&](int i) { enqueue_full(i, plan); });
+      fs.push_back(f);
+      form_plans.push_back(plan);
+    }
+    warm_up([&] {
+      for (int f : fs) replay_all(gs[size_t(f)]);
+    });
+    std::vector<std::vector<float>> ts(4);
+    const int nf = int(fs.size());
+    for (int i = 0; i < opt.iters * nf; ++i) {
+      const int round = i / nf, f = fs[size_t((i + round) % nf)];
+      ts[size_t(f)].push_back(time_replay(gs[size_t(f)][size_t(round) % size_t(sets)]));
+    }
+    for (int f : fs) {
+      res.form_ms[f] = median(ts[size_t(f)]);
+      destroy(gs[size_t(f)]);
+    }
+    res.full_ms = res.form_ms[0];  // the table's full layer: the automatic plan
+    // The floor: the touched experts' W1 and W2 streamed once at the read rate of all the weights
+    // (median of 10 streaming reads, this process).
+    for (int e = 0; e < E; ++e) res.touched += L.padded_offsets[size_t(e) + 1] > L.padded_offsets[size_t(e)];
+    Dev sink(4);
+    std::vector<float> rd;
+    for (int r = 0; r < 11; ++r) {
+      EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
+      read_kernel<<<132 * 8, 512, 0, s>>>(static_cast<const uint4*>(w1.p), int64_t(w1.bytes / 16), sink.as<unsigned>());
+      read_kernel<<<132 * 8, 512, 0, s>>>(static_cast<const uint4*>(w2.p), int64_t(w2.bytes / 16), sink.as<unsigned>());
+      EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
+      EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
+      float ms = 0;
+      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
+      if (r > 0) rd.push_back(ms);
+    }
+    res.hbm_tbs = double(w1.bytes + w2.bytes) / (median(rd) * 1e-3) / 1e12;
+    res.floor_ms = double(res.touched) * 3.0 * H * F * 2 / (res.hbm_tbs * 1e12) * 1e3;
+  }
 
   // ---- correctness: one full layer on set 0 per plan timed, sampled tokens vs the reference ----
   if (opt.check) {
@@ -416,6 +493,8 @@ Result run_shape(const Shape& sh, const Options& opt) {
     std::vector<Sm90Plan> plans;  // each distinct plan timed, once
     for (const Sm90Plan* p : {table ? &res.plan : nullptr, opt.ab ? &res.plan_a : nullptr, opt.ab ? &res.plan_b : nullptr})
       if (p != nullptr && std::find(plans.begin(), plans.end(), *p) == plans.end()) plans.push_back(*p);
+    for (const Sm90Plan& p : form_plans)
+      if (std::find(plans.begin(), plans.end(), p) == plans.end()) plans.push_back(p);
     res.max_rel_err = 0;
     res.rel_l2 = 0;
     for (const Sm90Plan& plan : plans) {
@@ -485,6 +564,12 @@ void write_json(const std::string& path, const std::vector<Result>& rs, const ch
     if (o.ab)
       std::fprintf(f, ", \"ab_a_ms\": %.6f, \"ab_b_ms\": %.6f, \"plan_a\": \"%s\", \"plan_b\": \"%s\"", r.ab_a_ms,
                    r.ab_b_ms, to_string(r.plan_a).c_str(), to_string(r.plan_b).c_str());
+    if (o.forms) {
+      std::fprintf(f, ", \"forms_ms\": {");
+      for (int m = 0; m < 4; ++m) std::fprintf(f, "%s\"%s\": %.6f", m ? ", " : "", kFormNames[m], r.form_ms[m]);
+      std::fprintf(f, "}, \"touched_experts\": %d, \"hbm_read_tbs\": %.4f, \"floor_ms\": %.6f", r.touched, r.hbm_tbs,
+                   r.floor_ms);
+    }
     std::fprintf(f, "}%s\n", i + 1 < rs.size() ? "," : "");
   }
   std::fprintf(f, " ]\n}\n");
@@ -544,6 +629,8 @@ int parse_args(int argc, char** argv, Options& opt) {
       opt.ab_b = v.substr(slash + 1);
       (void)epmoe::parse_sm90_plan_override(opt.ab_a);
       (void)epmoe::parse_sm90_plan_override(opt.ab_b);
+    } else if (a == "--forms") {
+      opt.forms = true;
     } else if (a == "--ab-only") {
       opt.ab_only = ab_sub = true;
     } else if (a == "--ab-region") {
@@ -663,6 +750,15 @@ int main(int argc, char** argv) {
                     opt.ab_blocks > 0 ? (std::to_string(opt.ab_blocks) + " rounds of steady-state blocks").c_str()
                                       : "interleaved replays");
         std::printf("#   A/B plan A: %s\n#   A/B plan B: %s\n", to_string(r.plan_a).c_str(), to_string(r.plan_b).c_str());
+      }
+      if (opt.forms) {
+        double best = 0;
+        for (double m : r.form_ms)
+          if (m > 0 && (best == 0 || m < best)) best = m;
+        std::printf("#   forms (full layer, interleaved): auto %.4f ms, 128-row %.4f, swap %.4f, fused %.4f; auto / best "
+                    "%.3f; floor %.4f ms (%d of %d experts, HBM read %.2f TB/s), auto / floor %.2f\n",
+                    r.form_ms[0], r.form_ms[1], r.form_ms[2], r.form_ms[3], best > 0 ? r.form_ms[0] / best : 0.0,
+                    r.floor_ms, r.touched, sh.E, r.hbm_tbs, r.floor_ms > 0 ? r.form_ms[0] / r.floor_ms : 0.0);
       }
       if (!r.ab_block_ms.empty()) {
         std::printf("#   A/B block medians (ms, in run order; each round AB or BA):");

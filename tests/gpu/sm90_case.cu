@@ -15,6 +15,7 @@
 //    UP, which that kernel zeroes: first and last row of each such gap, which must be padding),
 //    sampled rows against a host fp64 SwiGLU within 2^-7 relative + 1e-3 of the row RMS (bf16
 //    rounding of both sides, 1 ulp flips where the fp32 and fp64 sums straddle a boundary);
+//    (not with the fused pipeline, which never writes act; it must leave its fp32 accumulator zero);
 //  * out (poisoned with NaNs, zeroed by the pipeline, token order): no NaN/Inf anywhere (when it is
 //    small enough to scan); tokens without pairs exactly 0; sampled tokens against
 //    epmoe::reference_moe. Tolerance: the kernel rounds each weighted expert term to bf16 and adds
@@ -350,10 +351,25 @@ void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan_override, Case
   SCOPED_TRACE("plan: " + plan_text);
   const CaseStats st = stats_of(cs, hc, plan);
   if (stats != nullptr) *stats = st;
+  // The fused pipeline (through sm90_experts_launch; a saving forward runs the split kernels) reduces
+  // into an fp32 accumulator that must be zero on entry and that it must leave zero (checked below,
+  // and by the graph mode's second replay); it never writes act.
+  const bool fused = plan.fused && !cs.keep_preact && cs.mode != Mode::separate_no_pdl;
+  DevBuf<float> d_acc(plan.fused ? size_t(T) * H : 0);
+  if (plan.fused) {
+    EPMOE_CUDA_CHECK(cudaMemset(d_acc.p, 0, d_acc.bytes()));
+    p.out_acc = d_acc.p;
+  }
   run_pipeline(p, plan, cs.mode);
+  if (fused) {
+    const std::vector<float> acc = d_acc.download();
+    EXPECT_EQ(std::count_if(acc.begin(), acc.end(), [](float v) { return v != 0.0f; }), 0)
+        << "the fused pipeline left its fp32 accumulator non-zero";
+  }
 
   // ---- act: NaN-free below the total, padding rows zero, sampled rows vs host SwiGLU ----
-  {
+  // (the fused pipeline keeps act on chip: nothing to check)
+  if (!fused) {
     // UP writes every row below the total. The split's 192-row UP (plan.up_split) runs the experts
     // the split rule sends to it (the host rule here; the device's equals it, see
     // Sm90Schedule.DeviceSplitCutMatchesHost): its last tile of such an expert leaves 64 padding

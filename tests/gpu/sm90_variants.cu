@@ -14,7 +14,7 @@ std::string plan_tag(const epmoe::Sm90Plan& p) {
   auto order = [](epmoe::Sm90Order o) { return o == epmoe::Sm90Order::by_expert ? "E" : "G"; };
   return std::string(to_string(p.up_form)) + "_" + order(p.up_order) + order(p.down_order) + "_d" +
          (p.down_cluster ? "cluster" : "single") + "_s" + both(p.up_split, p.down_split) + "_p" +
-         both(p.up_pad_halves, p.down_pad_halves) + (p.tail_split ? "" : "_t0") + (p.swap_ab ? "_swap" : "");
+         both(p.up_pad_halves, p.down_pad_halves) + (p.tail_split ? "" : "_t0") + (p.swap_ab ? "_swap" : "") + (p.fused ? "_fused" : "");
 }
 }  // namespace
 
@@ -307,6 +307,30 @@ const std::vector<Variant>& variants() {
        zero_in_up(with({32, 4, 2048, 1024, 128, Route::zipf, 31 * 128, 64}, 315, Mode::graph)), "swap=on"},
       {"SwapSeparateNoPdlZipfE16K4H2048F1024T300", with({16, 4, 2048, 1024, 300, Route::zipf, 256, 32}, 316, Mode::separate_no_pdl),
        "swap=on"},
+      // ---- the fused swap-AB pipeline (fused_swap_kernel.cu: UP + DOWN in one grid, fp32 split-K
+      // accumulator, out written by its PDL dependent): the same decode sizes around the N steps,
+      // small (the sanitizers), one expert with full halves, drops, single-row experts, the
+      // 7168/2048 shape (56 DOWN stages per item), nothing routed (out all zero from the write-out
+      // alone), capacity past the total (CTAs without items), and graph replays (the second replay
+      // finds the accumulator zeroed by the first).
+      {"FusedSmallE4K2H256F256T64", with({4, 2, 256, 256, 64, Route::uniform, 0, 64}, 320), "fused=on"},
+      {"FusedT1E32K4H2048F1024", with({32, 4, 2048, 1024, 1, Route::uniform, 0, 1}, 321), "fused=on"},
+      {"FusedT2E32K4H2048F1024", with({32, 4, 2048, 1024, 2, Route::uniform, 0, 2}, 322), "fused=on"},
+      {"FusedT8E32K4H2048F1024", with({32, 4, 2048, 1024, 8, Route::uniform, 0, 8}, 323), "fused=on"},
+      {"FusedT33E32K4H2048F1024", with({32, 4, 2048, 1024, 33, Route::uniform, 0, 33}, 324), "fused=on"},
+      {"FusedT64ZipfE32K4H2048F1024", with({32, 4, 2048, 1024, 64, Route::zipf, 0, 64}, 325), "fused=on"},
+      {"FusedT65ZipfE32K4H2048F1024", with({32, 4, 2048, 1024, 65, Route::zipf, 0, 65}, 326), "fused=on"},
+      {"FusedOneExpertE8K2H2048F768T1000", with({8, 2, 2048, 768, 1000, Route::one_expert, 128, 48}, 327), "fused=on"},
+      {"FusedWithDropsE16K4H2048F1024T777", with({16, 4, 2048, 1024, 777, Route::with_drops, 77, 48}, 328), "fused=on"},
+      {"FusedSingleRowExpertsE16K1H4096F1024T12", with({16, 1, 4096, 1024, 12, Route::single_rows, 0, 12}, 329),
+       "fused=on"},
+      {"FusedUniformE32K8H7168F2048T256", with({32, 8, 7168, 2048, 256, Route::uniform, 0, 12}, 330), "fused=on"},
+      {"FusedAllDroppedE8K2H2048F768T300", with({8, 2, 2048, 768, 300, Route::all_dropped, 256, 64}, 331), "fused=on"},
+      {"FusedGraphCapturedZipfE32K4H2048F1024T128",
+       with({32, 4, 2048, 1024, 128, Route::zipf, 31 * 128, 64}, 332, Mode::graph), "fused=on"},
+      {"FusedHiddenNotOf256E8K2H1152F256T40", with({8, 2, 1152, 256, 40, Route::uniform, 0, 40}, 334), "fused=on"},
+      {"FusedTileEdgesKeepsPreactE16K1H1024F768", keeping_preact(with({16, 1, 1024, 768, 16 * 128, Route::tile_edges, 0, 48}, 333)),
+       "fused=on"},
   };
   return v;
 }
@@ -315,7 +339,8 @@ void PrintTo(const Variant& v, std::ostream* os) { *os << v.name; }
 
 epmoe::Sm90PlanOverride variant_override(const Variant& v) {
   epmoe::Sm90PlanOverride o = epmoe::parse_sm90_plan_override(v.plan);
-  if (!o.swap_ab) o.swap_ab = false;
+  if (!o.swap_ab && !(o.fused && *o.fused)) o.swap_ab = false;
+  if (!o.fused) o.fused = false;
   return o;
 }
 

@@ -41,8 +41,9 @@ struct Variant {
   int down_tall = -1;
 };
 const std::vector<Variant>& variants();
-// A row's override: its plan text, plus swap=off unless the text says swap (the other rows pin the
-// 128-row kernels' forms, which the heuristics would replace by swap-AB on the small cases).
+// A row's override: its plan text, plus swap=off unless the text says swap or fused=on (the other
+// rows pin the 128-row kernels' forms, which the heuristics would replace by swap-AB on the small
+// cases), and fused=off unless it says fused.
 epmoe::Sm90PlanOverride variant_override(const Variant& v);
 void PrintTo(const Variant& v, std::ostream* os);  // (gtest: the row's name)
 

@@ -63,10 +63,12 @@ struct Fixture {
   cudaStream_t stream = nullptr;
   std::unique_ptr<MoeLayer> layer;
 
-  explicit Fixture(CapturableTransport transport = CapturableTransport::local, int64_t capacity = kN) {
+  explicit Fixture(CapturableTransport transport = CapturableTransport::local, int64_t capacity = kN,
+                   const char* plan = "") {
     ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
     LayerOptions opt;
     opt.expert_path = ExpertPath::sm90;
+    opt.sm90_plan = parse_sm90_plan_override(plan);
     opt.max_tokens_per_rank = capacity;
     opt.capturable_transport = transport;
     layer = std::make_unique<MoeLayer>(cfg, weights(), single_comm(), opt);
@@ -127,9 +129,9 @@ bool is_nan(bf16 v) {
 const char* name(CapturableTransport t) { return t == CapturableTransport::slots ? "slots" : "local"; }
 constexpr CapturableTransport kTransports[] = {CapturableTransport::local, CapturableTransport::slots};
 
-void graph_replays(CapturableTransport transport) {
-  SCOPED_TRACE(name(transport));
-  Fixture f(transport);
+void graph_replays(CapturableTransport transport, const char* plan = "") {
+  SCOPED_TRACE(std::string(name(transport)) + " plan '" + plan + "'");
+  Fixture f(transport, kN, plan);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   ck(cudaStreamBeginCapture(f.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
@@ -167,6 +169,12 @@ void graph_replays(CapturableTransport transport) {
 
 TEST_F(CapturableGpu, GraphReplaysAtEveryTokenCount) {
   for (CapturableTransport t : kTransports) graph_replays(t);
+}
+
+// The fused pipeline under replay: its fp32 accumulator must be zero again after every replay (a
+// leftover would show in the next T's rows), and rows past T are the write-out's zeros.
+TEST_F(CapturableGpu, FusedGraphReplaysAtEveryTokenCount) {
+  for (CapturableTransport t : kTransports) graph_replays(t, "fused=on");
 }
 
 // A bad id makes its token's row NaN (local; slots: every row of the rank, as its layout fails

@@ -197,7 +197,8 @@ TEST_F(ForwardGpu, Sm90PlanThroughLayerOptions) {
   cudaStream_t stream;
   ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   for (const char* spec : {"up=single,down=single,order=expert,split=up+down,split_ctas=1,pad=up+down,swap=off",
-                           "up=cluster,down=cluster,order=global,split=none,pad=none,tail=off,swap=off", "swap=on"}) {
+                           "up=cluster,down=cluster,order=global,split=none,pad=none,tail=off,swap=off", "swap=on",
+                           "fused=on"}) {
     SCOPED_TRACE(spec);
     LayerOptions opt;
     opt.expert_path = ExpertPath::sm90;

@@ -35,6 +35,14 @@ __device__ __forceinline__ uint64_t smem_desc_sw128_mn(uint32_t saddr, uint32_t 
   const uint32_t lo = ((saddr & 0x3FFFFu) >> 4) | (((mn_block_bytes >> 4) & 0x3FFFu) << 16);
   return (uint64_t(kSmemDescSw128Hi) << 32) | lo;
 }
+// K-major, 64B swizzle (rows of 32 K elements = 64 B, 8-row atoms of 512 B, 512-aligned): the fused
+// pipeline's DOWN operands, whose K is one item's 32 act columns. Leading offset unused (1), stride
+// offset 512 B, layout 2 = SWIZZLE_64B; a k16 step advances the start address by 32 B, as above. In
+// such a tile the 16-byte chunk c of row r sits at chunk c ^ ((r / 2) % 4) (TMA's SWIZZLE_64B).
+__device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t saddr) {
+  const uint32_t lo = ((saddr & 0x3FFFFu) >> 4) | (1u << 16);
+  return (uint64_t((512u >> 4) | (2u << 30)) << 32) | lo;
+}
 inline constexpr uint32_t kMnBlockBytes = 64 * kBK * 2;   // one TMA box of 64 MN x 64 K elements
 inline constexpr uint32_t kMnMajorK16Step = 2048u >> 4;  // descriptor units per k16 step (MN-major)
 inline constexpr uint32_t kKMajorK16Step = 32u >> 4;     // (K-major)
