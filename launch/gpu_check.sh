@@ -39,6 +39,9 @@
 #                                  the other stages, and bench_ep alone takes ~46 s)
 #   GPU_CHECK_EXPERTS_SHAPES=full  --shapes for epmoe_bench_experts and baseline_moe.py
 #
+# summary.txt also prints the reliability matrix (issue 49): every test's "[matrix] case | expected |
+# observed" rows from the ctest stages' JUnit files (launch/reliability_matrix.py).
+#
 # $OUT gets at most 8 files: build.log, summary.txt, logs.tar.gz (every stage's log, the SASS
 # excerpt, the compare tables, the training bench's own JSONs and speedup plot) and the bench JSONs
 # (bench_experts, baseline_moe, bench_ep, ep_baseline, and train_compare: ours and torch's training
@@ -177,10 +180,15 @@ stage_build() {
   return 0
 }
 
-# ctest_stage ARGS...: PASS when ctest passes, SKIP when no test matched.
+# ctest_stage ARGS...: PASS when ctest passes, SKIP when no test matched. Every test's output goes to
+# the stage's JUnit file too (all of it where this ctest can say so): the reliability matrix's rows.
+CTEST_JUNIT_SIZE=()
+ctest --help 2>/dev/null | grep -q -- --test-output-size-passed && CTEST_JUNIT_SIZE=(--test-output-size-passed 262144)
 ctest_stage() {
-  local rc=0
-  tmo ctest --test-dir "$BUILD" --output-on-failure --no-tests=ignore "$@" || rc=$?
+  local rc=0 junit=${CUR_LOG%.log}.junit.xml
+  [[ $junit == /* ]] || junit=$PWD/$junit  # (ctest reads a relative path against the build folder)
+  tmo ctest --test-dir "$BUILD" --output-on-failure --no-tests=ignore --output-junit "$junit" \
+    "${CTEST_JUNIT_SIZE[@]}" "$@" || rc=$?
   if grep -q "No tests were found" "$CUR_LOG"; then KEY_FIG="no tests matched"; return 77; fi
   KEY_FIG=$(grep -E "tests passed" "$CUR_LOG" | tail -1 || true)
   local skipped; skipped=$(grep -c "\*\*\*Skipped" "$CUR_LOG" || true)
@@ -451,6 +459,10 @@ finish() {
     [[ -f $LOGS/bench_train_table.txt ]] && { echo; echo "## epmoe_bench_train"; cat "$LOGS/bench_train_table.txt"; }
     [[ -f $LOGS/ncu_table.txt ]] && { echo; echo "## ncu_compare"; cat "$LOGS/ncu_table.txt"; }
     if [[ -f $LOGS/sass.log ]]; then echo; echo "## SASS (sm90 up/down kernels)"; sed -n '/HGMMA  LDL/,$p' "$LOGS/sass.log" | head -20; fi
+    if compgen -G "$LOGS/*.junit.xml" > /dev/null; then
+      echo; echo "## reliability matrix (issue 49: case, expected, observed)"
+      python3 launch/reliability_matrix.py "$LOGS"/*.junit.xml
+    fi
     echo
     cat "$OUT/summary.txt.head"
   } > "$OUT/summary.txt"

@@ -16,6 +16,7 @@
 //     (no hang), then refuses the next forward with a clear error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -37,6 +38,16 @@
 
 namespace epmoe::test {
 namespace {
+
+template <class... A>
+std::string fmt(const char* f, A... a) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, a...);
+  return buf;
+}
+int failed_ranks(const std::vector<std::exception_ptr>& errors) {
+  return int(std::count_if(errors.begin(), errors.end(), [](const std::exception_ptr& e) { return bool(e); }));
+}
 
 // ---- fuzz ------------------------------------------------------------------------------------
 
@@ -98,6 +109,8 @@ TEST(ReliabilityFuzz, CountHeaderDecoderNeverAcceptsAnInconsistentPlan) {
   std::printf("decoder fuzz: %d accepted, %d raised epmoe::Error\n", accepted, thrown);
   EXPECT_GT(thrown, 100) << "the corruptions should hit the checks";
   EXPECT_GT(accepted, 100) << "uncorrupted and benign headers must decode";
+  matrix_row("count-header decoder, 4000 corrupted headers (world 1..8)",
+             "epmoe::Error or a consistent plan; never a crash", fmt("%d consistent plans, %d Errors", accepted, thrown));
 }
 
 TEST(ReliabilityFuzz, ExpertLayoutOfRandomMetadataKeepsItsInvariants) {
@@ -133,6 +146,8 @@ TEST(ReliabilityFuzz, ExpertLayoutOfRandomMetadataKeepsItsInvariants) {
     }
   }
   EXPECT_GT(thrown, 0);
+  matrix_row("expert layout, 3000 random metadata (ids in [-2, E_local])", "Error(internal) or every invariant kept",
+             fmt("%d layouts kept the invariants, %d Errors(internal)", 3000 - thrown, thrown));
 }
 
 // ---- boundaries ------------------------------------------------------------------------------
@@ -140,7 +155,10 @@ TEST(ReliabilityFuzz, ExpertLayoutOfRandomMetadataKeepsItsInvariants) {
 TEST(ReliabilityBoundaries, World64MatchesTheReference) {
   const EpCase c = make_ep_case(64, 64, 2, 128, 128, 3, RoutingKind::uniform, 0, 640);
   auto run = [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); };
-  report_rank_errors(run_mock_ranks(64, run, 120.0), c.name());
+  const auto errors = run_mock_ranks(64, run, 120.0);
+  report_rank_errors(errors, c.name());
+  matrix_row("world 64 on mock ranks (the layout's 64-bit rank mask)", "every rank matches the reference",
+             fmt("%d of 64 ranks failed", failed_ranks(errors)) + (::testing::Test::HasFailure() ? " (see failures)" : ""));
 }
 
 TEST(ReliabilityBoundaries, World65FailsEveryRankClearly) {
@@ -157,15 +175,21 @@ TEST(ReliabilityBoundaries, World65FailsEveryRankClearly) {
     }
   };
   report_rank_errors(run_mock_ranks(65, run, 60.0), "world 65");
-  for (int r = 0; r < 65; ++r)
-    EXPECT_NE(what[size_t(r)].find("world_size must be in [1, 64]"), std::string::npos) << "rank " << r << ": "
-                                                                                       << what[size_t(r)];
+  int clear = 0;
+  for (int r = 0; r < 65; ++r) {
+    const bool ok = what[size_t(r)].find("world_size must be in [1, 64]") != std::string::npos;
+    clear += ok;
+    EXPECT_TRUE(ok) << "rank " << r << ": " << what[size_t(r)];
+  }
+  matrix_row("world 65", "every rank raises 'world_size must be in [1, 64]'", fmt("%d of 65 ranks raised it", clear));
 }
 
 TEST(ReliabilityBoundaries, IdsAtTheLastExpert) {
   const EpCase c = make_ep_case(2, 8, 1, 128, 128, 20, RoutingKind::one_expert, /*focus=*/7, 641);
   auto run = [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); };
-  report_rank_errors(run_mock_ranks(2, run), c.name());
+  const auto errors = run_mock_ranks(2, run);
+  report_rank_errors(errors, c.name());
+  matrix_row("every id at E - 1 (world 2)", "matches the reference", fmt("%d of 2 ranks failed", failed_ranks(errors)));
 }
 
 // ---- one rank's CPU layer and training step (the bad-number, soak and fault cases) ---------------
@@ -220,6 +244,10 @@ void bad_numbers(Poison what) {
   constexpr int64_t T = 16, bad_t = 5;
   ModelWeights M = make_weights(E, H, F, 642);
   if (what == Poison::zero_w2) std::fill(M.w2.begin(), M.w2.end(), bf16(0.f));
+  // What the run saw, per rank: the tokens whose y row is non-finite, the other tokens whose dx or
+  // d_topk_weights are, and the rows that must be exactly zero but are not.
+  std::vector<std::string> nonfinite_y(W);
+  std::vector<int> nonfinite_grad(W, 0), nonzero(W, 0);
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
     MoeLayer layer = shard_layer(M, k, W, r, std::move(comm));
     std::vector<bf16> x = make_x(643, r, T, H);
@@ -235,24 +263,40 @@ void bad_numbers(Poison what) {
     for (int64_t t = 0; t < T; ++t) {
       const bool poisoned = mine && t == bad_t;
       const bf16* yr = y.data() + t * H;
-      if (what == Poison::zero_w2) {
-        for (int c = 0; c < H; ++c) EXPECT_EQ(yr[c].bits & 0x7fff, 0) << "rank " << r << " t " << t << ": W2 = 0";
-        continue;
-      }
-      if (poisoned && what == Poison::zero_weights) {
-        for (int c = 0; c < H; ++c) EXPECT_EQ(yr[c].bits & 0x7fff, 0) << "rank " << r << " t " << t;
+      if (!finite_row(yr, H)) nonfinite_y[size_t(r)] += " " + std::to_string(r) + ":" + std::to_string(t);
+      const bool zero_expected = what == Poison::zero_w2 || (poisoned && what == Poison::zero_weights);
+      if (zero_expected) {
+        for (int c = 0; c < H; ++c) {
+          nonzero[size_t(r)] += (yr[c].bits & 0x7fff) != 0;
+          EXPECT_EQ(yr[c].bits & 0x7fff, 0) << "rank " << r << " t " << t << (what == Poison::zero_w2 ? ": W2 = 0" : "");
+        }
         continue;
       }
       const bool nonfinite_expected = poisoned;  // nan_x, inf_weight
       EXPECT_EQ(finite_row(yr, H), !nonfinite_expected) << "rank " << r << " token " << t << " y";
       if (!poisoned) {
-        EXPECT_TRUE(finite_row(dx.data() + t * H, H)) << "rank " << r << " token " << t << " dx";
-        EXPECT_TRUE(std::isfinite(dw[size_t(t) * k]) && std::isfinite(dw[size_t(t) * k + 1]))
-            << "rank " << r << " token " << t << " d_topk_weights";
+        const bool ok = finite_row(dx.data() + t * H, H) && std::isfinite(dw[size_t(t) * k]) &&
+                        std::isfinite(dw[size_t(t) * k + 1]);
+        nonfinite_grad[size_t(r)] += !ok;
+        EXPECT_TRUE(ok) << "rank " << r << " token " << t << " dx or d_topk_weights";
       }
     }
   };
-  report_rank_errors(run_mock_ranks(W, run), "bad numbers");
+  const auto errors = run_mock_ranks(W, run);
+  report_rank_errors(errors, "bad numbers");
+  const std::string rows = nonfinite_y[0] + nonfinite_y[1];
+  const char* name = what == Poison::nan_x        ? "NaN in one token's x (world 2, CPU)"
+                     : what == Poison::inf_weight ? "Inf in one routing weight (world 2, CPU)"
+                     : what == Poison::zero_weights ? "all routing weights 0 for one token (world 2, CPU)"
+                                                    : "W2 all zero (world 2, CPU)";
+  const char* expected = what == Poison::zero_w2        ? "every y row exactly 0"
+                         : what == Poison::zero_weights ? "that token's y row exactly 0, the rest finite"
+                                                        : "only token 1:5's y non-finite; every other dx, dw finite";
+  matrix_row(name, expected,
+             fmt("non-finite y rows:%s; other tokens' non-finite dx/dw: %d; non-zero elements where 0 is due: %d; "
+                 "failed ranks %d",
+                 rows.empty() ? " none" : rows.c_str(), nonfinite_grad[0] + nonfinite_grad[1], nonzero[0] + nonzero[1],
+                 failed_ranks(errors)));
 }
 
 TEST(ReliabilityBadNumbers, NanInOneTokensXStaysInItsRow) { bad_numbers(Poison::nan_x); }
@@ -315,13 +359,19 @@ TEST(ReliabilitySoak, TwoThousandIterationsStayRightAndFlat) {
     comm->barrier();
     if (r == 0) rss_end = resident_bytes();
   };
-  report_rank_errors(run_mock_ranks(W, run, 120.0), "soak");
+  const auto errors = run_mock_ranks(W, run, 120.0);
+  report_rank_errors(errors, "soak");
   const int64_t warm = rss_warm.load(), end = rss_end.load();
   std::printf("soak: resident %.1f MB after %d iterations, %.1f MB after %d\n", warm / 1e6, kWarmup, end / 1e6,
               kIters);
   ASSERT_GT(warm, 0);
   if (kSoakMemoryCheck)
     EXPECT_LT(end - warm, int64_t(16) << 20) << "resident memory grew by " << (end - warm) / 1e6 << " MB";
+  matrix_row(fmt("%d forward+backward on mock ranks (world 2, T 0..8)", kIters),
+             "reference every 1/8 of the run, the fixed set bitwise, resident memory flat (< 16 MB growth)",
+             fmt("failed ranks %d; resident %.1f MB after %d iterations, %.1f MB after %d (%+.2f MB)%s",
+                 failed_ranks(errors), warm / 1e6, kWarmup, end / 1e6, kIters, (end - warm) / 1e6,
+                 kSoakMemoryCheck ? "" : " (not checked under TSan)"));
 }
 
 // ---- faults ----------------------------------------------------------------------------------
@@ -408,6 +458,16 @@ void fault_case(int phase, FaultyCommunicator::Fault fault) {
     // After the failure: a clear error, at once, not a second wait.
     EXPECT_EQ(second[size_t(r)].rfind("Error: ", 0), 0u) << second[size_t(r)];
   }
+  std::string seen;
+  for (int r = 0; r < W; ++r) {
+    if (r == bad && fault == FaultyCommunicator::Fault::die) continue;
+    seen += fmt("%srank %d: %s after %.2f s, then %s", seen.empty() ? "" : "; ", r,
+                first[size_t(r)].rfind("Error: ", 0) == 0 ? "Error" : first[size_t(r)].substr(0, 40).c_str(),
+                seconds[size_t(r)], second[size_t(r)].rfind("Error: ", 0) == 0 ? "Error" : "no Error");
+  }
+  matrix_row(fmt("rank 1 %s: %s (mock world 3, deadline %.0f s)",
+                 fault == FaultyCommunicator::Fault::die ? "dies" : "stalls", kPhase[phase], kDeadline),
+             "every survivor raises epmoe::Error within the deadline, then refuses the next step", seen);
 }
 
 TEST(ReliabilityFaults, DeathInEveryPhaseFailsEverySurvivor) {

@@ -178,4 +178,14 @@ int64_t resident_bytes() {
   return n == 2 ? int64_t(resident) * sysconf(_SC_PAGESIZE) : -1;
 }
 
+void matrix_row(const std::string& name, const std::string& expected, const std::string& observed) {
+  auto field = [](std::string v) {  // one line, no column separators inside a field
+    for (char& c : v)
+      if (c == '|' || c == '\n' || c == '\r') c = c == '|' ? '/' : ' ';
+    return v;
+  };
+  std::printf("[matrix] %s | %s | %s\n", field(name).c_str(), field(expected).c_str(), field(observed).c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace epmoe::test

@@ -72,4 +72,10 @@ inline constexpr Tolerance kCpuTolerance{1.0 / 64, 1.0 / 64, 4e-3};
 // flatness check.
 int64_t resident_bytes();
 
+// One row of the reliability matrix (issue 49): the case, what it must do, what this run saw. Printed
+// as "[matrix] case | expected | observed" on stdout; launch/reliability_matrix.py collects the rows
+// from ctest's JUnit output (gpu_check's summary prints them). Call it after the checks that back
+// `observed`, from the test's thread.
+void matrix_row(const std::string& name, const std::string& expected, const std::string& observed);
+
 }  // namespace epmoe::test

@@ -138,7 +138,7 @@ void graph_replays(CapturableTransport transport, const char* plan = "") {
   f.forward();
   ck(cudaStreamEndCapture(f.stream, &graph), "end capture");
   ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  int round = 0;
+  int round = 0, replays = 0, bad = 0;
   for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert, RoutingKind::with_drops})
     for (int64_t T : {int64_t(0), int64_t(1), int64_t(2), int64_t(8), int64_t(33), int64_t(64), int64_t(65), kN}) {
       SCOPED_TRACE(std::string(routing_name(kind)) + " T=" + std::to_string(T));
@@ -149,10 +149,17 @@ void graph_replays(CapturableTransport transport, const char* plan = "") {
       ck(cudaStreamSynchronize(f.stream), "sync");
       const std::vector<bf16> y = f.y.host();
       const std::vector<float> ref = f.reference(T, hx, R);
+      const bool close = close_to_reference(y.data(), ref.data(), T, kHidden, kTolerance), zero = rows_zero(y, T);
       EXPECT_TRUE(close_to_reference(y.data(), ref.data(), T, kHidden, kTolerance));
       EXPECT_TRUE(rows_zero(y, T));
       EXPECT_NO_THROW(f.layer->check_capturable(f.stream));
+      ++replays;
+      bad += !(close && zero);
     }
+  matrix_row(std::string("one captured graph replayed at T 0..") + std::to_string(kN) + ", 4 routings (1 GPU, " +
+                 name(transport) + (plan[0] ? std::string(", ") + plan : std::string()) + ")",
+             "every replay matches the reference, rows past T zero",
+             std::to_string(replays - bad) + " of " + std::to_string(replays) + " replays right");
   // The same inputs outside a graph: the same contract.
   const int64_t T = 50;
   const std::vector<bf16> hx = make_x(19, 0, T, kHidden);

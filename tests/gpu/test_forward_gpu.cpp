@@ -223,8 +223,8 @@ TEST_F(ForwardGpu, Sm90PlanThroughLayerOptions) {
 }
 
 // LayerOptions::deterministic: 20 forwards give the same bits, on each path and each sm_90 plan
-// (the 128-row kernels, swap-AB, the 192-row split), and the sm_90 plans give the same bits as each
-// other: each pair's output is one GEMM's k loop in the same order whatever the tile, and the pairs
+// (the 128-row kernels, swap-AB, the 192-row split; fused=on, which deterministic mode runs as the
+// split swap-AB kernels), and the sm_90 plans give the same bits as each other: each pair's output is one GEMM's k loop in the same order whatever the tile, and the pairs
 // of a row are summed in slot order. Skewed routing with k = 4 (rows with up to 4 local experts, so
 // the default mode's reductions would race) and a decode size; the output also matches the reference.
 TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
@@ -242,7 +242,8 @@ TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
       const std::vector<const char*> specs =
           path == ExpertPath::sm90
               ? std::vector<const char*>{"swap=off", "swap=on",
-                                         "swap=off,up=single,down=single,order=expert,split=up+down,split_ctas=1"}
+                                         "swap=off,up=single,down=single,order=expert,split=up+down,split_ctas=1",
+                                         "fused=on"}
               : std::vector<const char*>{""};
       for (const char* spec : specs) {
         SCOPED_TRACE(std::string("T=") + std::to_string(T) + " " + path_str(path) + " '" + spec + "'");
@@ -259,11 +260,17 @@ TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
           differing += std::memcmp(y.data(), y0.data(), y.size() * sizeof(bf16)) != 0;
         }
         EXPECT_EQ(differing, 0) << "of 19 repeated forwards";
-        if (path != ExpertPath::sm90) continue;
-        if (first_sm90.empty()) first_sm90 = y0;
         size_t diff = 0;
-        for (size_t i = 0; i < y0.size(); ++i) diff += y0[i].bits != first_sm90[i].bits;
-        EXPECT_EQ(diff, 0u) << "elements differing from the first sm_90 plan's output";
+        if (path == ExpertPath::sm90) {
+          if (first_sm90.empty()) first_sm90 = y0;
+          for (size_t i = 0; i < y0.size(); ++i) diff += y0[i].bits != first_sm90[i].bits;
+          EXPECT_EQ(diff, 0u) << "elements differing from the first sm_90 plan's output";
+        }
+        matrix_row("deterministic forward, T " + std::to_string(T) + " (1 GPU, " + path_str(path) + " '" + spec + "')",
+                   "20 runs bit-identical" + std::string(path == ExpertPath::sm90 ? ", and to the first sm_90 plan" : ""),
+                   std::to_string(differing) + " of 19 repeats differ" +
+                       (path == ExpertPath::sm90 ? "; " + std::to_string(diff) + " elements differ from the first plan"
+                                                 : std::string()));
       }
     }
   }
@@ -410,50 +417,67 @@ TEST_F(ForwardGpu, OnReceiveHookAndPhaseTimes) {
 
 // T * k * hidden > 2^31 (and the expert-sorted rows * hidden too): every offset must be 64-bit.
 // Checked on a sample of tokens against the reference computed for those tokens only.
+// Past 2^31 elements in the two index products the kernels form: T * k * hidden (the dispatched rows,
+// 7168 wide) and rows * ffn (act, 7168 wide); each case on every path against sampled tokens.
 TEST_F(ForwardGpu, Past32BitOffsets) {
-  const int E = 8, k = 8, H = 7168, F = 128;
+  struct Shape {
+    int E, k, H, F;
+    const char* what;
+  };
   const int64_t T = 40000;
-  static_assert(int64_t(40000) * 8 * 7168 > (int64_t(1) << 31));
-  size_t free_b = 0, total_b = 0;
-  ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  // x, y, send/recv/combine rows (~0.6 GB each), xs and the cuBLAS scratch (~4.6 GB each)
-  if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs ~16 GB of free device memory, have " << (free_b >> 20) << " MB";
-  Model m(E, k, H, F, 97);
-  Inputs in;
-  in.T = T;
-  in.x.resize(size_t(T) * H);
-  for (size_t i = 0; i < in.x.size(); ++i)  // cheap deterministic values in [-1, 1)
-    in.x[i] = bf16(float(int32_t((mix(99, i) >> 40) & 0xffff) - 32768) / 32768.0f);
-  in.R = make_routing(T, E, k, RoutingKind::uniform, 101, 0, 1);
-  // sample: first, last, and a stride through the middle
-  std::vector<int64_t> sample = {0, 1, T / 2, T - 2, T - 1};
-  for (int64_t t = 997; t < T; t += 2503) sample.push_back(t);
-  std::sort(sample.begin(), sample.end());
-  sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
-  Inputs sub;
-  sub.T = int64_t(sample.size());
-  for (int64_t t : sample) {
-    sub.x.insert(sub.x.end(), in.x.begin() + t * H, in.x.begin() + (t + 1) * H);
-    sub.R.ids.insert(sub.R.ids.end(), in.R.ids.begin() + t * k, in.R.ids.begin() + (t + 1) * k);
-    sub.R.weights.insert(sub.R.weights.end(), in.R.weights.begin() + t * k, in.R.weights.begin() + (t + 1) * k);
+  for (const Shape& sh : {Shape{8, 8, 7168, 128, "T*k*hidden"}, Shape{8, 8, 128, 7168, "rows*ffn"}}) {
+    const int E = sh.E, k = sh.k, H = sh.H, F = sh.F;
+    SCOPED_TRACE(sh.what);
+    EXPECT_GT(T * k * int64_t(std::max(H, F)), int64_t(1) << 31);
+    size_t free_b = 0, total_b = 0;
+    ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+    // x, y, send/recv/combine rows (~0.6 GB each), xs and the cuBLAS scratch (~4.6 GB each); or act
+    if (free_b < (size_t(16) << 30)) GTEST_SKIP() << "needs ~16 GB of free device memory, have " << (free_b >> 20) << " MB";
+    Model m(E, k, H, F, 97);
+    Inputs in;
+    in.T = T;
+    in.x.resize(size_t(T) * H);
+    for (size_t i = 0; i < in.x.size(); ++i)  // cheap deterministic values in [-1, 1)
+      in.x[i] = bf16(float(int32_t((mix(99, i) >> 40) & 0xffff) - 32768) / 32768.0f);
+    in.R = make_routing(T, E, k, RoutingKind::uniform, 101, 0, 1);
+    // sample: first, last, and a stride through the middle
+    std::vector<int64_t> sample = {0, 1, T / 2, T - 2, T - 1};
+    for (int64_t t = 997; t < T; t += 2503) sample.push_back(t);
+    std::sort(sample.begin(), sample.end());
+    sample.erase(std::unique(sample.begin(), sample.end()), sample.end());
+    Inputs sub;
+    sub.T = int64_t(sample.size());
+    for (int64_t t : sample) {
+      sub.x.insert(sub.x.end(), in.x.begin() + t * H, in.x.begin() + (t + 1) * H);
+      sub.R.ids.insert(sub.R.ids.end(), in.R.ids.begin() + t * k, in.R.ids.begin() + (t + 1) * k);
+      sub.R.weights.insert(sub.R.weights.end(), in.R.weights.begin() + t * k, in.R.weights.begin() + (t + 1) * k);
+    }
+    const std::vector<float> ref = reference(m, sub);
+    cudaStream_t stream;
+    ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    for (ExpertPath path : paths_here()) {
+      SCOPED_TRACE(path_str(path));
+      LayerOptions opt;
+      opt.expert_path = path;
+      std::vector<bf16> y_sub;
+      int64_t pairs = 0;
+      {
+        MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+        const std::vector<bf16> y = run_forward(layer, in, stream);
+        pairs = layer.last_stats().expert_pairs;
+        EXPECT_EQ(pairs, T * k);
+        for (int64_t t : sample) y_sub.insert(y_sub.end(), y.begin() + t * H, y.begin() + (t + 1) * H);
+      }  // the layer's buffers go before the next path allocates its own
+      const ::testing::AssertionResult close = close_to_reference(y_sub.data(), ref.data(), sub.T, H, kGpuTolerance);
+      EXPECT_TRUE(close);
+      matrix_row(std::string(sh.what) + " past 2^31 (T 40000, k 8, hidden " + std::to_string(H) + ", ffn " +
+                     std::to_string(F) + ", 1 GPU, " + path_str(path) + ")",
+                 "every pair routed; sampled tokens within the GPU tolerance",
+                 std::to_string(pairs) + " pairs; " + std::to_string(sub.T) + " tokens " +
+                     (close ? "within tolerance: " : "OUT of tolerance: ") + close.message());
+    }
+    ck(cudaStreamDestroy(stream), "stream destroy");
   }
-  const std::vector<float> ref = reference(m, sub);
-  cudaStream_t stream;
-  ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  for (ExpertPath path : paths_here()) {
-    SCOPED_TRACE(path_str(path));
-    LayerOptions opt;
-    opt.expert_path = path;
-    std::vector<bf16> y_sub;
-    {
-      MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
-      const std::vector<bf16> y = run_forward(layer, in, stream);
-      EXPECT_EQ(layer.last_stats().expert_pairs, T * k);
-      for (int64_t t : sample) y_sub.insert(y_sub.end(), y.begin() + t * H, y.begin() + (t + 1) * H);
-    }  // the layer's buffers go before the next path allocates its own
-    EXPECT_TRUE(close_to_reference(y_sub.data(), ref.data(), sub.T, H, kGpuTolerance));
-  }
-  ck(cudaStreamDestroy(stream), "stream destroy");
 }
 
 }  // namespace
