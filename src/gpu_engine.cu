@@ -48,6 +48,9 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   EPMOE_CHECK(comm_->memory_space() == MemorySpace::device, ErrorCode::invalid_argument,
               "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
   cfg.validate();
+  EPMOE_CHECK(cfg.hidden % kGpuDimAlignment == 0 && cfg.ffn % kGpuDimAlignment == 0, ErrorCode::unsupported,
+              "the GPU engine needs hidden and ffn multiples of ", kGpuDimAlignment, " (got hidden ", cfg.hidden,
+              ", ffn ", cfg.ffn, "); the CPU engine (cpu weights) takes multiples of ", kDimAlignment);
   validate_weights(cfg, w, DeviceType::cuda);
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);

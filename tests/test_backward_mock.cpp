@@ -48,6 +48,14 @@ INSTANTIATE_TEST_SUITE_P(
                       bcase(8, 16, 4, 128, 128, 1, RK::uniform)),        // T = 1
     [](const auto& info) { return info.param.name() + "_T" + std::to_string(info.param.ep.tokens_of(0)); });
 
+// hidden and ffn multiples of 16 but not of 128 (the CPU engine; kDimAlignment).
+TEST(BackwardMockEdge, DimsMultipleOf16) {
+  for (const auto& [H, F] : {std::pair{144, 80}, std::pair{16, 48}}) {
+    BackwardCase c = bcase(2, 8, 2, H, F, 24, RK::uniform);
+    run_on_mock_ranks(c);
+  }
+}
+
 TEST(BackwardMockEdge, RankWithZeroTokens) {
   BackwardCase c = bcase(4, 16, 4, 128, 128, 0, RK::uniform);
   c.ep.tokens = {40, 0, 17, 1};

@@ -30,12 +30,19 @@ TEST(MoeConfig, RejectsEachRule) {
   auto c = good(); c.num_experts = 30; expect_invalid(c, "% world_size");
   c = good(); c.top_k = 33; expect_invalid(c, "top_k (33) > num_experts (32)");
   c = good(); c.top_k = 0; expect_invalid(c, "top_k must be > 0");
-  c = good(); c.hidden = 2000; expect_invalid(c, "hidden (2000) must be a multiple of 128");
-  c = good(); c.ffn = 96; expect_invalid(c, "ffn (96) must be a multiple of 128");
+  c = good(); c.hidden = 2000 + 8; expect_invalid(c, "hidden (2008) must be a multiple of 16");
+  c = good(); c.ffn = 100; expect_invalid(c, "ffn (100) must be a multiple of 16");
   c = good(); c.ffn = 0; expect_invalid(c, "ffn must be > 0");
   c = good(); c.rank = 4; expect_invalid(c, "rank 4 outside [0, 4)");
   c = good(); c.world_size = 0; expect_invalid(c, "world_size must be in");
   c = good(); c.num_experts = -8; expect_invalid(c, "num_experts must be > 0");
+}
+
+TEST(MoeConfig, AcceptsMultiplesOf16) {
+  auto c = good();
+  c.hidden = 144;
+  c.ffn = 80;
+  EXPECT_NO_THROW(c.validate());
 }
 
 TEST(MoeConfig, AgreementWordsIgnoreRank) {

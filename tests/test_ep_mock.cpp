@@ -59,6 +59,14 @@ TEST(EpMockEdge, UnevenTokensZipf) {
   run_on_mock_ranks(c);
 }
 
+// hidden and ffn multiples of 16 but not of 128 (the CPU engine takes them; kDimAlignment).
+TEST(EpMockEdge, DimsMultipleOf16) {
+  for (const auto& [H, F] : {std::pair{144, 80}, std::pair{16, 16}, std::pair{272, 48}}) {
+    EpCase c = make_case(2, 8, 2, H, F, 40, RK::zipf);
+    run_on_mock_ranks(c);
+  }
+}
+
 // Different token counts and seeds through the same code paths.
 TEST(EpMockEdge, SeveralSizes) {
   for (int64_t T : {64, 300, 5}) {

@@ -286,6 +286,23 @@ TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
   }
 }
 
+// hidden / ffn multiples of 16 but not of 128: a valid config (the CPU engine runs it), which the GPU
+// engine refuses with a clear Error(unsupported) on every path until its kernels take it (issue 48).
+TEST_F(ForwardGpu, DimsNotMultipleOf128AreRefusedClearly) {
+  Model m(8, 2, 144, 80, 131);
+  for (ExpertPath path : {ExpertPath::automatic, ExpertPath::cublas}) {
+    LayerOptions opt;
+    opt.expert_path = path;
+    try {
+      MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+      ADD_FAILURE() << "hidden 144 / ffn 80 accepted by the GPU engine";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("multiples of 128"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // One layer, many calls: buffers grow and shrink in use; outputs stay right. (Not bitwise
 // deterministic: the bf16 atomics that reduce a token's experts add in arrival order.)
 TEST_F(ForwardGpu, RepeatedCallsReuseBuffers) {
