@@ -18,6 +18,8 @@
 #                  on the small sm90 case of every kernel form and on test_layout_gpu; memcheck on
 #                  test_capturable_gpu and test_forward_gpu (all but the past-2^31 case)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
+#   bench_decode   epmoe_bench_experts --forms at issue 48's decode shapes (auto, 128-row, swap-AB and fused
+#                  side by side with the weight floor) + baseline_moe.py on them (compare_decode.txt)
 #   bench_capturable  epmoe_bench_capturable: forward_capturable under graph replay at T = 0..512 vs the
 #                  regular forward vs the weight-streaming floor (logs/bench_capturable.json)
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
@@ -360,6 +362,26 @@ stage_bench_experts() {
   (( rc == 0 && rcb == 0 && rcc == 0 ))
 }
 
+# Decode sizes (issue 48's table): every expert-kernel form (auto, 128-row, swap-AB, fused) in one
+# process beside the weight-streaming floor, and torch's grouped_mm on the same shapes.
+DECODE_SHAPES="32,4,2048,1024,1 32,4,2048,1024,8 32,4,2048,1024,64 32,4,2048,1024,128 32,4,2048,1024,512 128,8,2048,768,512 32,8,7168,2048,256"
+stage_bench_decode() {
+  local bin=$BUILD/src/programs/epmoe_bench_experts rc=0 rcb=0 args=() sh
+  for sh in $DECODE_SHAPES; do args+=(--shape "$sh"); done
+  [[ -x $bin ]] || { KEY_FIG="missing $bin"; return 1; }
+  tmo --max $(( (STAGE_DEADLINE - SECONDS) / 2 )) "$bin" "${args[@]}" --forms --json "$LOGS/bench_decode.json" || rc=$?
+  tmo --max $(( STAGE_DEADLINE - SECONDS - 10 )) python3 launch/baseline_moe.py "${args[@]}" \
+    --json "$LOGS/baseline_decode.json" || rcb=$?
+  if [[ -f $LOGS/bench_decode.json && -f $LOGS/baseline_decode.json ]]; then
+    python3 launch/compare_experts.py "$LOGS/bench_decode.json" "$LOGS/baseline_decode.json" > "$LOGS/compare_decode.txt" 2>&1 || rc=1
+    cat "$LOGS/compare_decode.txt"
+  fi
+  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 \|' "$LOGS/compare_decode.txt" 2>/dev/null | tail -1 |
+            awk -F'|' '{split($2, a, " "); split($3, b, " "); split($4, c, " "); printf "T=1: auto %s us, torch %s us, floor %s us", a[1], b[1], c[1]}')
+  KEY_FIG="${KEY_FIG:-no table} [bench rc $rc, baseline rc $rcb]"
+  (( rc == 0 && rcb == 0 ))
+}
+
 # The capturable forward at decode sizes (graph replay vs the regular forward vs the weight floor).
 stage_bench_capturable() {
   local bin=$BUILD/src/programs/epmoe_bench_capturable
@@ -452,7 +474,7 @@ finish() {
     done
   } > "$OUT/summary.txt.head"
   {
-    for f in compare_experts compare_ep compare_train; do
+    for f in compare_experts compare_decode compare_ep compare_train; do
       [[ -f $LOGS/$f.txt ]] && { echo; echo "## $f"; cat "$LOGS/$f.txt"; }
     done
     [[ -f $LOGS/bench_ep_table.txt ]] && { echo; echo "## epmoe_bench_ep"; cat "$LOGS/bench_ep_table.txt"; }
@@ -496,6 +518,7 @@ run_stage train 200 stage_train
 run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
+run_stage bench_decode 120 stage_bench_decode
 run_stage bench_capturable 90 stage_bench_capturable
 run_stage bench_ep 180 stage_bench_ep
 run_stage bench_train 240 stage_bench_train
