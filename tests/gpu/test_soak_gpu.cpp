@@ -1,7 +1,7 @@
 // The 10,000-iteration soak on one GPU (issue 49 item 2): forward + backward at varying T (0 to 300
 // tokens, skewed and with drops) on one layer; every 1000th iteration a fixed input set is checked
-// against the fp64-accumulated reference and against iteration 0's bits (the backward and the
-// deterministic forward must not drift); device memory in use (cudaMemGetInfo) and host resident
+// against the fp64-accumulated reference and against iteration 0's bits (y, dx, dW1 and dW2: the
+// deterministic forward and the backward must not drift); device memory in use (cudaMemGetInfo) and host resident
 // memory are sampled after warm-up - once every T has grown the layer's buffers - and at the end,
 // and must stay flat. (ctest runs it alone: RUN_SERIAL, as the device's memory in use is global.)
 #include <cuda_runtime.h>
@@ -57,6 +57,7 @@ TEST_F(SoakGpu, TenThousandForwardBackwardStayRightAndFlat) {
                 cudaMemcpyHostToDevice),
      "dy");
   std::vector<bf16> y0, dx0;
+  std::vector<float> dw10, dw20;  // the fixed set's weight gradients: bitwise too
   int64_t dev_warm = -1, rss_warm = -1;
   for (int it = 0; it < kIters; ++it) {
     const bool fixed = it % kEvery == 0;
@@ -83,12 +84,17 @@ TEST_F(SoakGpu, TenThousandForwardBackwardStayRightAndFlat) {
       std::vector<float> ref(size_t(T) * H);
       reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, k, M.w1.data(), M.w2.data(), E, H, F, ref.data());
       ASSERT_TRUE(close_to_reference(yh.data(), ref.data(), T, H, kGpuTolerance)) << "iteration " << it;
+      const std::vector<float> dw1h = dw1.host(), dw2h = dw2.host();
       if (it == 0) {
         y0 = yh;
         dx0 = dxh;
+        dw10 = dw1h;
+        dw20 = dw2h;
       } else {
         ASSERT_EQ(std::memcmp(yh.data(), y0.data(), yh.size() * 2), 0) << "y drifted at iteration " << it;
         ASSERT_EQ(std::memcmp(dxh.data(), dx0.data(), dxh.size() * 2), 0) << "dx drifted at iteration " << it;
+        ASSERT_EQ(std::memcmp(dw1h.data(), dw10.data(), dw1h.size() * 4), 0) << "dW1 drifted at iteration " << it;
+        ASSERT_EQ(std::memcmp(dw2h.data(), dw20.data(), dw2h.size() * 4), 0) << "dW2 drifted at iteration " << it;
       }
       std::printf("[soak] iteration %d: device %.1f MB in use, host %.1f MB resident\n", it,
                   device_used_bytes() / 1e6, resident_bytes() / 1e6);
@@ -108,12 +114,12 @@ TEST_F(SoakGpu, TenThousandForwardBackwardStayRightAndFlat) {
   EXPECT_LT(rss_end - rss_warm, int64_t(32) << 20) << "host memory grew";
   char seen[256];
   std::snprintf(seen, sizeof seen,
-                "10 checks vs reference and bitwise passed; device %.1f -> %.1f MB (%+.1f), host %.1f -> %.1f MB "
+                "10 checks vs reference and bitwise (y, dx, dW1, dW2) passed; device %.1f -> %.1f MB (%+.1f), host %.1f -> %.1f MB "
                 "(%+.1f) from iteration %d to the end",
                 dev_warm / 1e6, dev_end / 1e6, (dev_end - dev_warm) / 1e6, rss_warm / 1e6, rss_end / 1e6,
                 (rss_end - rss_warm) / 1e6, kWarmup);
   matrix_row("10,000 forward+backward on 1 GPU (T 0..300, deterministic)",
-             "reference and iteration 0's bits every 1000; device growth < 64 MB, host < 32 MB", seen);
+             "reference and iteration 0's bits (y, dx, dW) every 1000; device growth < 64 MB, host < 32 MB", seen);
 }
 
 }  // namespace
