@@ -29,16 +29,21 @@ class CpuEngine final : public MoeLayer::Engine {
  public:
   CpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm, const LayerOptions& opt)
       : comm_(std::move(comm)),
-        experts_(c, w.w1.ptr<bf16>(), w.w2.ptr<bf16>(), opt.cpu_threads),
+        experts_(c, w.mxfp8() ? nullptr : w.w1.ptr<bf16>(), w.mxfp8() ? nullptr : w.w2.ptr<bf16>(), opt.cpu_threads),
         on_receive_(opt.on_receive),
-        save_policy_(opt.save_policy) {
+        save_policy_(opt.save_policy),
+        mxfp8_(w.mxfp8()) {
     cfg = c;
     path = ExpertPath::cpu;
+    if (mxfp8_) set_mxfp8(w);
   }
 
   void bind_weights(const ExpertWeights& w) override {
     validate_weights(cfg, w, DeviceType::cpu);
-    experts_.set_weights(w.w1.ptr<bf16>(), w.w2.ptr<bf16>());
+    EPMOE_CHECK(w.mxfp8() == mxfp8_, ErrorCode::invalid_argument, "bind_weights: the layer was built with ",
+                mxfp8_ ? "MXFP8" : "bf16", " weights; these are ", w.mxfp8() ? "MXFP8" : "bf16");
+    if (mxfp8_) set_mxfp8(w);
+    else experts_.set_weights(w.w1.ptr<bf16>(), w.w2.ptr<bf16>());
   }
 
   void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, void*,
@@ -50,6 +55,10 @@ class CpuEngine final : public MoeLayer::Engine {
     // layout (+ local validation: bad arguments, then bad ids)
     auto t0 = Clock::now();
     protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cpu);
+    if (status.ok() && save != nullptr && mxfp8_) {  // (travels with the counts: every rank fails alike)
+      status.code = ErrorCode::unsupported;
+      status.text = "an MXFP8 layer is forward-only: a forward that saves for backward is not supported";
+    }
     protocol::DispatchLayout L = protocol::empty_dispatch_layout(cfg);
     if (status.ok()) {
       L = protocol::dispatch_layout(ids.ptr<int32_t>(), wts.ptr<float>(), x.shape[0], cfg);
@@ -173,12 +182,17 @@ class CpuEngine final : public MoeLayer::Engine {
 
  private:
   std::shared_ptr<Communicator> comm_;
+  void set_mxfp8(const ExpertWeights& w) {
+    experts_.set_mxfp8_weights(w.w1.ptr<uint8_t>(), w.w1_scale.ptr<uint8_t>(), w.w2.ptr<uint8_t>(),
+                               w.w2_scale.ptr<uint8_t>());
+  }
   CpuExperts experts_;
   std::vector<int64_t> send_hdr_, recv_hdr_;
   std::vector<bf16> send_x_, recv_x_, expert_out_, returned_;
   std::vector<int32_t> recv_meta_;
   std::function<void(const void*, const int32_t*, const std::vector<int64_t>&)> on_receive_;
   SavePolicy save_policy_;
+  bool mxfp8_;  // the weights are MXFP8 (forward-only)
 
   // g = v (or += v) in g's dtype (bf16 rounds once, after the sum).
   static void write_grad(const TensorView& g, const std::vector<float>& v, bool accumulate) {

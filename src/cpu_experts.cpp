@@ -1,5 +1,8 @@
 #include "cpu_experts.h"
 
+#include "epmoe/error.h"
+#include "epmoe/mxfp8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -59,18 +62,35 @@ void sum_over_experts(int experts, int threads, int64_t n, float* acc, Fn&& fn) 
 CpuExperts::CpuExperts(const MoeConfig& cfg, const bf16* w1, const bf16* w2, int threads)
     : cfg_(cfg), w1_(w1), w2_(w2), threads_(std::max(1, threads)) {}
 
-void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const {
+void CpuExperts::expert_weights_t(int e, float* w1t, float* w2t) const {
   const int H = cfg_.hidden, F = cfg_.ffn;
-  const int64_t begin = L.padded_offsets[e], n = L.expert_counts[e];
-  if (n == 0) return;
-  // Transposed fp32 copies of this expert's weights: w1t[H, 2F], w2t[F, H].
-  std::vector<float> w1t(size_t(H) * 2 * F), w2t(size_t(F) * H);
+  if (mx_.w1 != nullptr) {
+    std::vector<float> w1(size_t(2) * F * H), w2(size_t(H) * F);
+    mx::dequantize_rows(mx_.w1 + int64_t(e) * 2 * F * H, mx_.w1_scale + int64_t(e) * 2 * F * (H / mx::kBlock), 2 * F,
+                        H, w1.data());
+    mx::dequantize_rows(mx_.w2 + int64_t(e) * H * F, mx_.w2_scale + int64_t(e) * H * (F / mx::kBlock), H, F, w2.data());
+    for (int o = 0; o < 2 * F; ++o)
+      for (int c = 0; c < H; ++c) w1t[size_t(c) * 2 * F + o] = w1[size_t(o) * H + c];
+    for (int o = 0; o < H; ++o)
+      for (int c = 0; c < F; ++c) w2t[size_t(c) * H + o] = w2[size_t(o) * F + c];
+    return;
+  }
   const bf16* w1 = w1_ + int64_t(e) * 2 * F * H;
   const bf16* w2 = w2_ + int64_t(e) * H * F;
   for (int o = 0; o < 2 * F; ++o)
     for (int c = 0; c < H; ++c) w1t[size_t(c) * 2 * F + o] = w1[int64_t(o) * H + c].f();
   for (int o = 0; o < H; ++o)
     for (int c = 0; c < F; ++c) w2t[size_t(c) * H + o] = w2[int64_t(o) * F + c].f();
+}
+
+void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const {
+  const int H = cfg_.hidden, F = cfg_.ffn;
+  const int64_t begin = L.padded_offsets[e], n = L.expert_counts[e];
+  if (n == 0) return;
+  // Transposed fp32 copies of this expert's weights: w1t[H, 2F], w2t[F, H].
+  std::vector<float> w1t(size_t(H) * 2 * F), w2t(size_t(F) * H);
+  expert_weights_t(e, w1t.data(), w2t.data());
+  const bool mx = mx_.w1 != nullptr;
 
   std::vector<float> xb(size_t(kRowBlock) * H), gu(size_t(kRowBlock) * 2 * F), act(size_t(kRowBlock) * F),
       y(size_t(kRowBlock) * H);
@@ -79,6 +99,7 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
     for (int i = 0; i < m; ++i) {
       const bf16* src = x + int64_t(L.pair_row[begin + i0 + i]) * H;
       for (int c = 0; c < H; ++c) xb[size_t(i) * H + c] = src[c].f();
+      if (mx) mx::round_trip_row(&xb[size_t(i) * H], H);  // x quantized on the fly
     }
     std::fill(gu.begin(), gu.end(), 0.f);
     gemm_axpy(xb.data(), H, m, w1t.data(), H, 2 * F, gu.data());
@@ -88,8 +109,11 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < F; ++j) {
         const float g = gu[size_t(i) * 2 * F + j], u = gu[size_t(i) * 2 * F + F + j];
-        act[size_t(i) * F + j] = round_bf16(silu(g) * u);  // the kernels hand bf16 to the down GEMM
+        const float a = silu(g) * u;
+        act[size_t(i) * F + j] = mx ? a : round_bf16(a);  // the kernels hand bf16 (or MXFP8) to DOWN
       }
+    if (mx)
+      for (int i = 0; i < m; ++i) mx::round_trip_row(&act[size_t(i) * F], F);  // act requantized
     std::fill(y.begin(), y.end(), 0.f);
     gemm_axpy(act.data(), F, m, w2t.data(), F, H, y.data());
     for (int i = 0; i < m; ++i) {
@@ -102,6 +126,7 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
 }
 
 void CpuExperts::run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h) const {
+  EPMOE_CHECK(mx_.w1 == nullptr || h == nullptr, ErrorCode::internal, "CpuExperts::run: MXFP8 keeps no h");
   const int H = cfg_.hidden, El = cfg_.experts_per_rank();
   const protocol::ExpertLayout L = protocol::expert_layout(meta, rows, cfg_.top_k, El, /*tile=*/1);
   std::vector<float> acc(size_t(rows) * H, 0.f);
@@ -199,6 +224,7 @@ void CpuExperts::backward_expert(int e, const bf16* x, const int32_t* meta, cons
 
 void CpuExperts::backward(const bf16* x, const int32_t* meta, int64_t rows, const bf16* dy, const bf16* h, bf16* dx,
                           float* ds, float* dw1, float* dw2) const {
+  EPMOE_CHECK(mx_.w1 == nullptr, ErrorCode::internal, "CpuExperts::backward: the MXFP8 path is forward-only");
   const int H = cfg_.hidden, El = cfg_.experts_per_rank();
   const protocol::ExpertLayout L = protocol::expert_layout(meta, rows, cfg_.top_k, El, /*tile=*/1);
   std::fill(ds, ds + rows * cfg_.top_k, 0.f);

@@ -2,6 +2,8 @@
 //   x[rows, hidden] bf16 received rows, meta[rows, meta_words] ->
 //   out[rows, hidden] bf16 = bf16( sum over the row's local experts e of w * W2_e act_e(x) )
 //   act_e(x) = bf16( silu(g) * u ), [g, u] = W1_e x       fp32 accumulation throughout
+// MXFP8 weights (set_mxfp8_weights; forward only): the weights dequantized, x rows and act rows each
+// taken through MXFP8 (epmoe/mxfp8.h) before their GEMM instead of bf16 - what the format means.
 // Backward, per (row, local expert e, weight s), given the row's dy (gradients with [g, u] rounded to
 // bf16, as saved, whichever the save policy):
 //   da' = W2_e^T dy, ds = <da', act>, da = s da', dg = da u silu'(g), du = da silu(g)
@@ -18,7 +20,12 @@ class CpuExperts {
   // w1[E_local, 2*ffn, hidden], w2[E_local, hidden, ffn] (bf16, host). Not copied: must outlive this.
   CpuExperts(const MoeConfig& cfg, const bf16* w1, const bf16* w2, int threads);
   // h (optional, [pairs, 2 ffn] bf16 in expert-layout order, tile 1): the rows' [g, u], for backward.
-  void set_weights(const bf16* w1, const bf16* w2) { w1_ = w1, w2_ = w2; }
+  void set_weights(const bf16* w1, const bf16* w2) { w1_ = w1, w2_ = w2, mx_ = {}; }
+  // MXFP8: e4m3 w1 / w2 with their e8m0 scales (layouts: epmoe/moe_layer.h ExpertWeights).
+  void set_mxfp8_weights(const uint8_t* w1, const uint8_t* w1_scale, const uint8_t* w2, const uint8_t* w2_scale) {
+    mx_ = {w1, w1_scale, w2, w2_scale};
+    w1_ = w2_ = nullptr;
+  }
   void run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h = nullptr) const;
   // dy[rows, hidden] bf16 (the rows' gradients, in received order); h: the forward's, or null to
   // recompute it. Writes dx[rows, hidden] bf16 and ds[rows, top_k] f32 (the n-th local slot of the
@@ -31,9 +38,15 @@ class CpuExperts {
   void run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const;
   void backward_expert(int e, const bf16* x, const int32_t* meta, const protocol::ExpertLayout& L, const bf16* dy,
                        const bf16* h, float* dx_acc, float* ds, float* dw1, float* dw2) const;
+  // Expert e's weights as fp32, transposed: w1t [H, 2F], w2t [F, H] (bf16 or dequantized MXFP8).
+  void expert_weights_t(int e, float* w1t, float* w2t) const;
+  struct Mx {
+    const uint8_t *w1 = nullptr, *w1_scale = nullptr, *w2 = nullptr, *w2_scale = nullptr;
+  };
   MoeConfig cfg_;
   const bf16* w1_;
   const bf16* w2_;
+  Mx mx_;  // (w1 non-null: the weights are MXFP8)
   int threads_;
 };
 

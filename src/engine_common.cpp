@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "engine.h"
+#include "epmoe/mxfp8.h"
 
 namespace epmoe {
 
@@ -82,8 +83,20 @@ protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardCo
 
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
-  check_tensor(w.w1, "w1", DType::bf16, {El, 2 * int64_t(cfg.ffn), cfg.hidden}, device);
-  check_tensor(w.w2, "w2", DType::bf16, {El, int64_t(cfg.hidden), cfg.ffn}, device);
+  const int64_t H = cfg.hidden, F = cfg.ffn;
+  if (!w.mxfp8()) {
+    check_tensor(w.w1, "w1", DType::bf16, {El, 2 * F, H}, device);
+    check_tensor(w.w2, "w2", DType::bf16, {El, H, F}, device);
+    EPMOE_CHECK(w.w1_scale.data == nullptr && w.w2_scale.data == nullptr, ErrorCode::invalid_argument,
+                "w1_scale / w2_scale are for MXFP8 (e4m3) weights; these are bf16");
+    return;
+  }
+  EPMOE_CHECK(H % mx::kBlock == 0 && F % mx::kBlock == 0, ErrorCode::invalid_argument, "MXFP8 weights need hidden (",
+              H, ") and ffn (", F, ") multiples of ", mx::kBlock, " (one scale per ", mx::kBlock, " along K)");
+  check_tensor(w.w1, "w1", DType::e4m3, {El, 2 * F, H}, device);
+  check_tensor(w.w2, "w2", DType::e4m3, {El, H, F}, device);
+  check_tensor(w.w1_scale, "w1_scale", DType::e8m0, {El, 2 * F, H / mx::kBlock}, device);
+  check_tensor(w.w2_scale, "w2_scale", DType::e8m0, {El, H, F / mx::kBlock}, device);
 }
 
 }  // namespace epmoe

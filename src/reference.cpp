@@ -3,10 +3,12 @@
 // the backends hand it to the down projection.
 #include "epmoe/reference.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "epmoe/error.h"
+#include "epmoe/mxfp8.h"
 
 namespace epmoe {
 
@@ -44,6 +46,41 @@ void reference_moe(const bf16* x, const int32_t* ids, const float* wts, int64_t 
         act[i] = round_bf16(float(g / (1.0 + std::exp(-g)) * u));
       }
       for (int c = 0; c < H; ++c) acc[c] += double(wts[t * k + j]) * dot(w2e + int64_t(c) * F, act.data(), F);
+    }
+    for (int c = 0; c < H; ++c) y[t * H + c] = float(acc[c]);
+  }
+}
+
+void reference_moe_mxfp8(const bf16* x, const int32_t* ids, const float* wts, int64_t T, int k, const uint8_t* w1q,
+                         const uint8_t* w1s, const uint8_t* w2q, const uint8_t* w2s, int E, int H, int F, float* y) {
+  const int b1 = H / mx::kBlock, b2 = F / mx::kBlock;
+  std::vector<float> xf(H), act(F), wrow(std::max(H, F));
+  std::vector<double> acc(H);
+  auto row_dot = [&](const uint8_t* q, const uint8_t* sc, int n, const float* v) {  // dequantized row . v
+    mx::dequantize_rows(q, sc, 1, n, wrow.data());
+    double d = 0;
+    for (int c = 0; c < n; ++c) d += double(wrow[c]) * v[c];
+    return d;
+  };
+  for (int64_t t = 0; t < T; ++t) {
+    for (int c = 0; c < H; ++c) xf[c] = x[t * H + c].f();
+    mx::round_trip_row(xf.data(), H);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[t * k + j];
+      if (e == -1) continue;
+      EPMOE_CHECK(e >= 0 && e < E, ErrorCode::expert_id_out_of_range, "reference_moe_mxfp8: id ", e, " at token ", t);
+      for (int i = 0; i < F; ++i) {
+        const int64_t g_row = int64_t(e) * 2 * F + i, u_row = g_row + F;
+        const double g = row_dot(w1q + g_row * H, w1s + g_row * b1, H, xf.data());
+        const double u = row_dot(w1q + u_row * H, w1s + u_row * b1, H, xf.data());
+        act[i] = float(g / (1.0 + std::exp(-g)) * u);
+      }
+      mx::round_trip_row(act.data(), F);
+      for (int c = 0; c < H; ++c) {
+        const int64_t row = int64_t(e) * H + c;
+        acc[c] += double(wts[t * k + j]) * row_dot(w2q + row * F, w2s + row * b2, F, act.data());
+      }
     }
     for (int c = 0; c < H; ++c) y[t * H + c] = float(acc[c]);
   }

@@ -11,7 +11,7 @@ size_t dtype_size(DType t) {
     case DType::bf16: case DType::f16: return 2;
     case DType::f32: case DType::i32: return 4;
     case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::u8: case DType::e4m3: case DType::e8m0: return 1;
   }
   return 0;
 }
@@ -24,6 +24,8 @@ const char* dtype_name(DType t) {
     case DType::i32: return "i32";
     case DType::i64: return "i64";
     case DType::u8: return "u8";
+    case DType::e4m3: return "e4m3";
+    case DType::e8m0: return "e8m0";
   }
   return "?";
 }

@@ -23,9 +23,16 @@
 
 namespace epmoe {
 
+// bf16, or MXFP8 (epmoe/mxfp8.h): w1 and w2 e4m3 with their e8m0 block scales along K. An MXFP8
+// layer quantizes x on the fly and requantizes the activation before DOWN; it is forward-only (a
+// saving forward or a backward raises Error(unsupported)), and runs on the CPU engine for now.
 struct ExpertWeights {
-  TensorView w1;  // bf16 [E_local, 2*ffn, hidden]
-  TensorView w2;  // bf16 [E_local, hidden, ffn]
+  TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
+  TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]
+  TensorView w1_scale;  // MXFP8 only: e8m0 [E_local, 2*ffn, hidden / 32]
+  TensorView w2_scale;  // MXFP8 only: e8m0 [E_local, hidden, ffn / 32]
+
+  bool mxfp8() const { return w1.dtype == DType::e4m3; }
 };
 
 // What a forward keeps for its backward (MoeForwardContext), per routed (row, expert) pair:

@@ -13,6 +13,14 @@ namespace epmoe {
 void reference_moe(const bf16* x, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens, int top_k,
                    const bf16* w1, const bf16* w2, int num_experts, int hidden, int ffn, float* y);
 
+// The MXFP8 layer (epmoe/mxfp8.h): e4m3 weights with their e8m0 block scales (ExpertWeights'
+// layouts), x taken through MXFP8 per token row, fp64 dot products on the dequantized values, the
+// activation taken through MXFP8 per row (from fp64, where the engines quantize an fp32 one) -> y
+// (fp32, not rounded). The exact-format check of every MXFP8 path.
+void reference_moe_mxfp8(const bf16* x, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+                         int top_k, const uint8_t* w1, const uint8_t* w1_scale, const uint8_t* w2,
+                         const uint8_t* w2_scale, int num_experts, int hidden, int ffn, float* y);
+
 // The same layer in fp64 on fp64 inputs, with no rounding anywhere: the forward, and its exact
 // gradients given dy (written, not accumulated). For a dropped slot (id -1) d_topk_weights is 0.
 // Per (token t, slot j, expert e, weight s): [g, u] = W1_e x_t, a = silu(g) u, o = W2_e a,

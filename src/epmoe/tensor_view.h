@@ -8,7 +8,8 @@
 
 namespace epmoe {
 
-enum class DType : uint8_t { bf16, f16, f32, i32, i64, u8 };
+// e4m3: FP8 E4M3FN, e8m0: the MX block scale (epmoe/mxfp8.h); both one byte.
+enum class DType : uint8_t { bf16, f16, f32, i32, i64, u8, e4m3, e8m0 };
 enum class DeviceType : uint8_t { cpu, cuda };
 
 size_t dtype_size(DType t);
