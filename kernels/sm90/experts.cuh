@@ -5,7 +5,9 @@
 //   DOWN (down_kernel.cu, + down_tall_kernel.cu when split):
 //        out[pair_row[r], :] += pair_weight[r] * (act[r] @ W2_e^T)   (bf16 reductions)
 // for every row r below padded_offsets[E], e the expert whose segment holds r. Which kernels run is
-// the plan's choice (epmoe/sm90_plan.h; resolve_sm90_plan in kernels/heuristics/ picks the default).
+// the plan's choice (epmoe/sm90_plan.h; resolve_sm90_plan in kernels/heuristics/ picks the default):
+// the 128-row forms above, swap-AB (swap_ab_kernel.cu), or the fused swap-AB pipeline
+// (fused_swap_kernel.cu: both in one grid, act never stored; through sm90_experts_launch only).
 //
 // Requirements (checked, Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0,
 // 0 < rows_capacity < 2^31, every pointer 16-byte aligned, x given (UP gathers its rows), out zeroed
@@ -37,7 +39,8 @@ void sm90_up_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s
 // act, w2 -> out (+=). With pdl, launched as the programmatic dependent of the previous kernel in `s`
 // (the UP kernel): its prologue and first W2 loads overlap the UP grid's tail.
 void sm90_down_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s, bool pdl);
-// UP then DOWN (PDL-chained).
+// UP then DOWN (PDL-chained); with plan.fused, p.out_acc given and neither p.preact nor p.pair_out,
+// the fused pipeline instead (out written whole: no zeroing needed).
 void sm90_experts_launch(const ExpertProblem& p, const Sm90Plan& plan, cudaStream_t s);
 
 }  // namespace epmoe::kernels
