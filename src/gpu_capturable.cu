@@ -133,8 +133,7 @@ void GpuEngine::init_capturable() {
   // The fused pipeline's accumulator, where a call's plan can be fused (the rule picks it for the
   // fewest pairs first, so the smallest call decides); zeroed once, every replay leaves it zero.
   const kernels::Sm90Shape fewest{El, cfg.hidden, cfg.ffn, cap_rows_, std::min(cfg.top_k, El)};
-  cap_fused_ = kernels::resolve_sm90_plan(fewest, sm90_device_, opt_.sm90_plan).fused;
-  if (cap_fused_) {
+  if (kernels::resolve_sm90_plan(fewest, sm90_device_, opt_.sm90_plan).fused) {
     cap_fused_acc_.ensure(size_t(rows) * cfg.hidden * sizeof(float));
     EPMOE_CUDA_CHECK(cudaMemset(cap_fused_acc_.as<void>(), 0, cap_fused_acc_.bytes()));
   }
@@ -174,7 +173,7 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
         w, reinterpret_cast<const __nv_bfloat16*>(xr), rows, layout, cap_act_.as<__nv_bfloat16>(),
         reinterpret_cast<__nv_bfloat16*>(out), rows, /*zero_out=*/true);
     prob.pairs = rows * std::min(k, El);  // the bound at capacity (the plan is fixed for every replay)
-    if (cap_fused_) prob.out_acc = cap_fused_acc_.as<float>();  // (rows <= what it was sized for)
+    prob.out_acc = cap_fused_acc_.as<float>();  // (null unless sized for these rows at construction)
     const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
     kernels::sm90_experts_launch(prob, plan, s);
   };

@@ -48,11 +48,6 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   EPMOE_CHECK(comm_->memory_space() == MemorySpace::device, ErrorCode::invalid_argument,
               "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
   cfg.validate();
-  EPMOE_CHECK(!w.mxfp8(), ErrorCode::unsupported, "MXFP8 weights run on the CPU engine for now (cpu weights); the "
-              "Hopper FP8 kernels are not built yet");
-  EPMOE_CHECK(cfg.hidden % kGpuDimAlignment == 0 && cfg.ffn % kGpuDimAlignment == 0, ErrorCode::unsupported,
-              "the GPU engine needs hidden and ffn multiples of ", kGpuDimAlignment, " (got hidden ", cfg.hidden,
-              ", ffn ", cfg.ffn, "); the CPU engine (cpu weights) takes multiples of ", kDimAlignment);
   validate_weights(cfg, w, DeviceType::cuda);
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
@@ -171,7 +166,6 @@ protocol::Status GpuEngine::check_devices(
 }
 
 void GpuEngine::bind_weights(const ExpertWeights& w) {
-  EPMOE_CHECK(!w.mxfp8(), ErrorCode::unsupported, "bind_weights: MXFP8 weights run on the CPU engine for now");
   validate_weights(cfg, w, DeviceType::cuda);
   EPMOE_CHECK(w.w1.device_index == device_ && w.w2.device_index == device_, ErrorCode::invalid_argument,
               "bind_weights: w1 / w2 on cuda:", w.w1.device_index, " / cuda:", w.w2.device_index,

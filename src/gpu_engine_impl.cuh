@@ -163,8 +163,7 @@ class GpuEngine final : public MoeLayer::Engine {
   // the capturable forward's (sized once, for max_tokens_per_rank; gpu_capturable.cu carves them):
   // the expert layout and error record, act [cap_rows_, ffn], and the slots transport's buffers
   DeviceBuffer cap_layout_, cap_act_, cap_slots_;
-  DeviceBuffer cap_fused_acc_;  // (sized at construction where a capturable plan can be fused)
-  bool cap_fused_ = false;
+  DeviceBuffer cap_fused_acc_;  // (sized at construction where a capturable plan can be fused; else null)
   int64_t cap_rows_ = 0;
   bool cap_slots_on_ = false;  // the slots transport (else local)
 

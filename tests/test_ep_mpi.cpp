@@ -123,8 +123,8 @@ TEST(EpMpi, StalledRankMakesTheOthersRaise) {
     EXPECT_NE(code2, ErrorCode::ok) << "the layer took more work after a timeout";
     EXPECT_NE(what2.find("failed earlier"), std::string::npos) << what2;
     if (me == 0) {
-      char seen[160];
-      std::snprintf(seen, sizeof seen, "rank 0: %s after %.2f s, then %s", code == ErrorCode::timeout ? "Error(timeout)" : "no timeout",
+      const std::string seen =
+          strprintf("rank 0: %s after %.2f s, then %s", code == ErrorCode::timeout ? "Error(timeout)" : "no timeout",
                     waited, what2.find("failed earlier") != std::string::npos ? "'failed earlier'" : "no refusal");
       matrix_row("the last of " + std::to_string(W) + " MPI ranks stalls 2.5 s (deadline 1 s)",
                  "the others raise Error(timeout) in [1, 2.4) s, then refuse work", seen);

@@ -39,12 +39,6 @@
 namespace epmoe::test {
 namespace {
 
-template <class... A>
-std::string fmt(const char* f, A... a) {
-  char buf[512];
-  std::snprintf(buf, sizeof buf, f, a...);
-  return buf;
-}
 int failed_ranks(const std::vector<std::exception_ptr>& errors) {
   return int(std::count_if(errors.begin(), errors.end(), [](const std::exception_ptr& e) { return bool(e); }));
 }
@@ -110,7 +104,7 @@ TEST(ReliabilityFuzz, CountHeaderDecoderNeverAcceptsAnInconsistentPlan) {
   EXPECT_GT(thrown, 100) << "the corruptions should hit the checks";
   EXPECT_GT(accepted, 100) << "uncorrupted and benign headers must decode";
   matrix_row("count-header decoder, 4000 corrupted headers (world 1..8)",
-             "epmoe::Error or a consistent plan; never a crash", fmt("%d consistent plans, %d Errors", accepted, thrown));
+             "epmoe::Error or a consistent plan; never a crash", strprintf("%d consistent plans, %d Errors", accepted, thrown));
 }
 
 TEST(ReliabilityFuzz, ExpertLayoutOfRandomMetadataKeepsItsInvariants) {
@@ -147,7 +141,7 @@ TEST(ReliabilityFuzz, ExpertLayoutOfRandomMetadataKeepsItsInvariants) {
   }
   EXPECT_GT(thrown, 0);
   matrix_row("expert layout, 3000 random metadata (ids in [-2, E_local])", "Error(internal) or every invariant kept",
-             fmt("%d layouts kept the invariants, %d Errors(internal)", 3000 - thrown, thrown));
+             strprintf("%d layouts kept the invariants, %d Errors(internal)", 3000 - thrown, thrown));
 }
 
 // ---- boundaries ------------------------------------------------------------------------------
@@ -158,7 +152,7 @@ TEST(ReliabilityBoundaries, World64MatchesTheReference) {
   const auto errors = run_mock_ranks(64, run, 120.0);
   report_rank_errors(errors, c.name());
   matrix_row("world 64 on mock ranks (the layout's 64-bit rank mask)", "every rank matches the reference",
-             fmt("%d of 64 ranks failed", failed_ranks(errors)) + (::testing::Test::HasFailure() ? " (see failures)" : ""));
+             strprintf("%d of 64 ranks failed", failed_ranks(errors)) + (::testing::Test::HasFailure() ? " (see failures)" : ""));
 }
 
 TEST(ReliabilityBoundaries, World65FailsEveryRankClearly) {
@@ -181,7 +175,7 @@ TEST(ReliabilityBoundaries, World65FailsEveryRankClearly) {
     clear += ok;
     EXPECT_TRUE(ok) << "rank " << r << ": " << what[size_t(r)];
   }
-  matrix_row("world 65", "every rank raises 'world_size must be in [1, 64]'", fmt("%d of 65 ranks raised it", clear));
+  matrix_row("world 65", "every rank raises 'world_size must be in [1, 64]'", strprintf("%d of 65 ranks raised it", clear));
 }
 
 TEST(ReliabilityBoundaries, IdsAtTheLastExpert) {
@@ -189,7 +183,7 @@ TEST(ReliabilityBoundaries, IdsAtTheLastExpert) {
   auto run = [&](int, std::shared_ptr<Communicator> comm) { run_ep_case_cpu(c, comm); };
   const auto errors = run_mock_ranks(2, run);
   report_rank_errors(errors, c.name());
-  matrix_row("every id at E - 1 (world 2)", "matches the reference", fmt("%d of 2 ranks failed", failed_ranks(errors)));
+  matrix_row("every id at E - 1 (world 2)", "matches the reference", strprintf("%d of 2 ranks failed", failed_ranks(errors)));
 }
 
 // ---- one rank's CPU layer and training step (the bad-number, soak and fault cases) ---------------
@@ -293,7 +287,7 @@ void bad_numbers(Poison what) {
                          : what == Poison::zero_weights ? "that token's y row exactly 0, the rest finite"
                                                         : "only token 1:5's y non-finite; every other dx, dw finite";
   matrix_row(name, expected,
-             fmt("non-finite y rows:%s; other tokens' non-finite dx/dw: %d; non-zero elements where 0 is due: %d; "
+             strprintf("non-finite y rows:%s; other tokens' non-finite dx/dw: %d; non-zero elements where 0 is due: %d; "
                  "failed ranks %d",
                  rows.empty() ? " none" : rows.c_str(), nonfinite_grad[0] + nonfinite_grad[1], nonzero[0] + nonzero[1],
                  failed_ranks(errors)));
@@ -367,9 +361,9 @@ TEST(ReliabilitySoak, TwoThousandIterationsStayRightAndFlat) {
   ASSERT_GT(warm, 0);
   if (kSoakMemoryCheck)
     EXPECT_LT(end - warm, int64_t(16) << 20) << "resident memory grew by " << (end - warm) / 1e6 << " MB";
-  matrix_row(fmt("%d forward+backward on mock ranks (world 2, T 0..8)", kIters),
+  matrix_row(strprintf("%d forward+backward on mock ranks (world 2, T 0..8)", kIters),
              "reference every 1/8 of the run, the fixed set bitwise, resident memory flat (< 16 MB growth)",
-             fmt("failed ranks %d; resident %.1f MB after %d iterations, %.1f MB after %d (%+.2f MB)%s",
+             strprintf("failed ranks %d; resident %.1f MB after %d iterations, %.1f MB after %d (%+.2f MB)%s",
                  failed_ranks(errors), warm / 1e6, kWarmup, end / 1e6, kIters, (end - warm) / 1e6,
                  kSoakMemoryCheck ? "" : " (not checked under TSan)"));
 }
@@ -461,11 +455,11 @@ void fault_case(int phase, FaultyCommunicator::Fault fault) {
   std::string seen;
   for (int r = 0; r < W; ++r) {
     if (r == bad && fault == FaultyCommunicator::Fault::die) continue;
-    seen += fmt("%srank %d: %s after %.2f s, then %s", seen.empty() ? "" : "; ", r,
+    seen += strprintf("%srank %d: %s after %.2f s, then %s", seen.empty() ? "" : "; ", r,
                 first[size_t(r)].rfind("Error: ", 0) == 0 ? "Error" : first[size_t(r)].substr(0, 40).c_str(),
                 seconds[size_t(r)], second[size_t(r)].rfind("Error: ", 0) == 0 ? "Error" : "no Error");
   }
-  matrix_row(fmt("rank 1 %s: %s (mock world 3, deadline %.0f s)",
+  matrix_row(strprintf("rank 1 %s: %s (mock world 3, deadline %.0f s)",
                  fault == FaultyCommunicator::Fault::die ? "dies" : "stalls", kPhase[phase], kDeadline),
              "every survivor raises epmoe::Error within the deadline, then refuses the next step", seen);
 }

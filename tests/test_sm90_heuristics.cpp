@@ -205,16 +205,30 @@ TEST(Sm90Heuristics, GoldenTable) {
   }
 }
 
-// The swap-AB crossover as measured (epmoe_bench_experts --ab-plan 'swap=off/swap=on', full layer,
-// median of interleaved graph replays; 2026-12-03, commit 484eb86 - the kept 12-stage kernels - on an
-// H200; docs/PERFORMANCE.md): the rule must pick the faster side of every row, or one within 3% of
-// it (issue 48's target for the automatic choice). Capacity and pairs as the bench gives them.
-struct CrossoverRow {
+// A measured A/B of one plan field (epmoe_bench_experts, full layer, median of interleaved graph
+// replays; 2026-12-03 on an H200, docs/PERFORMANCE.md), off and on. The rule's pick must be the
+// faster side of every row, or one within 3% of it (issue 48's target for the automatic choice).
+// Capacity and pairs as the bench gives them. Returns the rows where the field is on.
+struct MeasuredRow {
   int E, k, hidden, ffn;
   int64_t T;
-  double ms_128, ms_swap;  // the 128-row kernels, swap-AB
+  double ms_off, ms_on;
 };
-constexpr CrossoverRow kSwapCrossover[] = {
+template <size_t N, class Pick>
+int expect_rule_follows(const MeasuredRow (&rows)[N], Pick&& on, const char* field) {
+  int on_rows = 0;
+  for (const MeasuredRow& r : rows) {
+    const bool picked_on = on(choose_sm90_plan({r.E, r.hidden, r.ffn, engine_capacity(r.T, r.k, r.E), r.T * r.k}, kH200));
+    const double picked = picked_on ? r.ms_on : r.ms_off, best = std::min(r.ms_on, r.ms_off);
+    EXPECT_LE(picked, 1.03 * best) << "E=" << r.E << " k=" << r.k << " " << r.hidden << "/" << r.ffn << " T=" << r.T
+                                   << ": picked " << field << (picked_on ? "=on" : "=off") << " at " << picked << " ms";
+    on_rows += picked_on;
+  }
+  return on_rows;
+}
+
+// swap=off / swap=on (the 128-row kernels, swap-AB; commit 484eb86, the kept 12-stage kernels).
+constexpr MeasuredRow kSwapCrossover[] = {
     {32, 4, 2048, 1024, 1, 0.0343, 0.0232},    {32, 4, 2048, 1024, 2, 0.0463, 0.0386},
     {32, 4, 2048, 1024, 4, 0.0584, 0.0634},    {32, 4, 2048, 1024, 8, 0.0888, 0.0908},
     {32, 4, 2048, 1024, 16, 0.1116, 0.1185},   {32, 4, 2048, 1024, 32, 0.1174, 0.1207},
@@ -223,28 +237,13 @@ constexpr CrossoverRow kSwapCrossover[] = {
     {32, 8, 7168, 2048, 16, 0.6839, 0.7067},   {32, 8, 7168, 2048, 256, 0.7073, 1.4024},
 };
 TEST(Sm90Heuristics, SwapAbRuleFollowsTheMeasuredCrossover) {
-  int swap_rows = 0;
-  for (const CrossoverRow& r : kSwapCrossover) {
-    const Sm90Shape s{r.E, r.hidden, r.ffn, engine_capacity(r.T, r.k, r.E), r.T * r.k};
-    const bool swap = choose_sm90_plan(s, kH200).swap_ab;
-    const double picked = swap ? r.ms_swap : r.ms_128, best = std::min(r.ms_swap, r.ms_128);
-    EXPECT_LE(picked, 1.03 * best) << "E=" << r.E << " k=" << r.k << " " << r.hidden << "/" << r.ffn << " T=" << r.T
-                                   << ": picked " << (swap ? "swap-AB" : "128-row") << " at " << picked << " ms";
-    swap_rows += swap;
-  }
-  EXPECT_EQ(swap_rows, 2) << "the rule picks swap-AB where it wins (T = 1, 2)";
+  EXPECT_EQ(expect_rule_follows(kSwapCrossover, [](const Sm90Plan& p) { return p.swap_ab; }, "swap"), 2)
+      << "the rule picks swap-AB where it wins (T = 1, 2)";
 }
 
-// The fused pipeline against the split swap-AB kernels as measured (epmoe_bench_experts --ab-plan
-// 'swap=on,fused=off/fused=on', full layer, median of interleaved graph replays; 2026-12-03 on an
-// H200, docs/PERFORMANCE.md): the automatic choice (never fused) must be within 3% of the faster
-// side of every row.
-struct FusedRow {
-  int E, k, hidden, ffn;
-  int64_t T;
-  double ms_split, ms_fused;
-};
-constexpr FusedRow kFusedCrossover[] = {
+// swap=on,fused=off / fused=on (the split swap-AB kernels, the fused pipeline): the automatic choice
+// (never fused) must hold.
+constexpr MeasuredRow kFusedCrossover[] = {
     {32, 4, 2048, 1024, 1, 0.0231, 0.0230}, {32, 4, 2048, 1024, 2, 0.0381, 0.0383},
     {32, 4, 2048, 1024, 4, 0.0632, 0.0625}, {32, 4, 2048, 1024, 8, 0.0908, 0.0907},
     {32, 4, 2048, 1024, 64, 0.1215, 0.1465}, {128, 8, 2048, 768, 1, 0.0358, 0.0364},
@@ -253,13 +252,7 @@ constexpr FusedRow kFusedCrossover[] = {
     {32, 8, 7168, 2048, 256, 1.3511, 2.6292},
 };
 TEST(Sm90Heuristics, FusedRuleFollowsTheMeasuredCrossover) {
-  for (const FusedRow& r : kFusedCrossover) {
-    const Sm90Shape s{r.E, r.hidden, r.ffn, engine_capacity(r.T, r.k, r.E), r.T * r.k};
-    const bool fused = choose_sm90_plan(s, kH200).fused;
-    const double picked = fused ? r.ms_fused : r.ms_split, best = std::min(r.ms_split, r.ms_fused);
-    EXPECT_LE(picked, 1.03 * best) << "E=" << r.E << " k=" << r.k << " " << r.hidden << "/" << r.ffn << " T=" << r.T
-                                   << ": picked " << (fused ? "fused" : "split") << " at " << picked << " ms";
-  }
+  (void)expect_rule_follows(kFusedCrossover, [](const Sm90Plan& p) { return p.fused; }, "fused");
 }
 
 // The rules' thresholds, each side of each bound (shapes given directly, capacity included).

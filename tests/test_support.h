@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <string>
 #include <vector>
@@ -77,5 +78,12 @@ int64_t resident_bytes();
 // from ctest's JUnit output (gpu_check's summary prints them). Call it after the checks that back
 // `observed`, from the test's thread.
 void matrix_row(const std::string& name, const std::string& expected, const std::string& observed);
+// printf into a string (a matrix row's fields), cut at 511 characters.
+template <class... A>
+std::string strprintf(const char* f, A... a) {
+  char buf[512];
+  std::snprintf(buf, sizeof buf, f, a...);
+  return buf;
+}
 
 }  // namespace epmoe::test

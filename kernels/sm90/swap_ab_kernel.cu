@@ -72,28 +72,7 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
                                              const Ring<kSwapStages>& ring, uint32_t ring_base, uint32_t stg,
                                              int num_k, int wl, int lane) {
   float acc[N / 2];
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
-  const uint32_t d0 = pin_u32(smem_desc_sw128_lo(ring_base));
-  for (int kt = 0; kt < num_k; ++kt) {
-    const uint32_t s = cur.stage();
-    mbar_wait(ring.full(s), cur.parity());
-    fence_proxy_async_shared();  // B came by cp.async (generic proxy); wgmma reads through the async one
-    const uint32_t da = d0 + s * (kSwapStageBytes >> 4), db = da + (kSwapATileBytes >> 4);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)
-      Wgmma<N>::mma(acc, smem_desc_sw128_join(da + kKMajorK16Step * kk), smem_desc_sw128_join(db + kKMajorK16Step * kk));
-    wgmma_commit();
-    if (kt > 0) {
-      wgmma_wait<1>();
-      mbar_arrive(ring.empty(cur.prev_stage()));
-    }
-    cur.advance();
-  }
-  wgmma_wait<0>();
-  fence_regs(acc);
-  mbar_arrive(ring.empty(cur.prev_stage()));
+  swap_k_loop<N>(acc, cur, ring, ring_base, num_k);
 
   const int rows = it.rows;
   const int tid = int(threadIdx.x) - 128;  // 0..127

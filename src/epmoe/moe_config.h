@@ -9,10 +9,10 @@ namespace epmoe {
 // hidden and ffn must be multiples of this (16 bf16 = 32 bytes: every row of x, act and the
 // weights starts 32-byte aligned, so the 16-byte vector accesses never straddle a row).
 inline constexpr int kDimAlignment = 16;
-// The GPU engine's paths still need multiples of 128 (the sm_90 kernels tile K by 64 and N by 128,
-// and the gate/up interleave pairs 128-row blocks of W1; the cuBLAS path's gather moves 128-column
-// strips): a GPU layer of other dims fails at construction with Error(unsupported). The CPU engine
-// takes any multiple of kDimAlignment. (Issue 48: TMA bounds and predication in the sm_90 kernels.)
+// The GPU engine still needs multiples of 128: the sm_90 kernels tile K by 64 and N by 128 and pair
+// 128-row blocks of W1, and the cuBLAS path has not been verified at other dims. A GPU layer of other
+// dims fails at construction with Error(unsupported) (validate_weights); the CPU engine takes any
+// multiple of kDimAlignment. (Issue 48: TMA bounds and predication in the sm_90 kernels.)
 inline constexpr int kGpuDimAlignment = 128;
 // Ranks in one group: the layout keeps one bit per destination rank in a 64-bit mask.
 inline constexpr int kMaxWorldSize = 64;

@@ -29,8 +29,8 @@ namespace epmoe {
 struct ExpertWeights {
   TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
   TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]
-  TensorView w1_scale;  // MXFP8 only: e8m0 [E_local, 2*ffn, hidden / 32]
-  TensorView w2_scale;  // MXFP8 only: e8m0 [E_local, hidden, ffn / 32]
+  TensorView w1_scale = {};  // MXFP8 only: e8m0 [E_local, 2*ffn, hidden / 32]
+  TensorView w2_scale = {};  // MXFP8 only: e8m0 [E_local, hidden, ffn / 32]
 
   bool mxfp8() const { return w1.dtype == DType::e4m3; }
 };

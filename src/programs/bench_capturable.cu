@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_data.h"
+#include "bench_hbm.cuh"
 #include "epmoe/moe_layer.h"
 #include "epmoe/nccl_communicator.h"
 #include "kernels/cuda_check.cuh"
@@ -30,16 +31,6 @@ namespace {
 
 using namespace epmoe;
 using namespace epmoe::bench;
-
-// A streaming read of n 16-byte words (xor-folded so it cannot be dropped).
-__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* __restrict__ sink) {
-  unsigned acc = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
 
 struct DevMem {
   void* p = nullptr;
@@ -145,19 +136,8 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
   EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
 
-  // The HBM read rate: all the weights, streamed (median of 10).
-  DevMem sink(4);
-  const int64_t words = int64_t(s.E) * int64_t(n1 + n2) * 2 / 16;
-  std::vector<double> rd;
-  for (int r = 0; r < 11; ++r) {
-    EPMOE_CUDA_CHECK(cudaEventRecord(e0, st));
-    read_kernel<<<132 * 8, 512, 0, st>>>(w1.as<uint4>(), int64_t(s.E) * n1 * 2 / 16, sink.as<unsigned>());
-    read_kernel<<<132 * 8, 512, 0, st>>>(w2.as<uint4>(), int64_t(s.E) * n2 * 2 / 16, sink.as<unsigned>());
-    EPMOE_CUDA_CHECK(cudaEventRecord(e1, st));
-    EPMOE_CUDA_CHECK(cudaEventSynchronize(e1));
-    if (r > 0) rd.push_back(event_ms(e0, e1));
-  }
-  const double read_tbs = double(words) * 16 / (median(rd) * 1e-3) / 1e12;
+  // The HBM read rate: all the weights, streamed.
+  const double read_tbs = hbm_read_tbs(st, {{w1.p, size_t(s.E) * n1 * 2}, {w2.p, size_t(s.E) * n2 * 2}});
 
   cudaGraph_t graph;
   cudaGraphExec_t exec;

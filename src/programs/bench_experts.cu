@@ -34,6 +34,7 @@
 #include "epmoe/error.h"
 #include "epmoe/reference.h"
 #include "epmoe/sm90_plan.h"
+#include "bench_hbm.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/hash_fill.cuh"
@@ -115,16 +116,6 @@ struct Result {
 // --forms: the automatic plan (the default, with --plan), then each form forced on top of it.
 constexpr const char* kFormNames[4] = {"auto", "row128", "swap", "fused"};
 constexpr const char* kFormSpecs[4] = {"", "swap=off,fused=off", "swap=on,fused=off", "fused=on"};
-
-// A streaming read of n 16-byte words (xor-folded so it cannot be dropped): the HBM read rate.
-__global__ void read_kernel(const uint4* __restrict__ p, int64_t n, unsigned* __restrict__ sink) {
-  unsigned acc = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const uint4 v = __ldcs(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x9e3779b9u) *sink = acc;
-}
 
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
@@ -452,21 +443,9 @@ Result run_shape(const Shape& sh, const Options& opt) {
     }
     res.full_ms = res.form_ms[0];  // the table's full layer: the automatic plan
     // The floor: the touched experts' W1 and W2 streamed once at the read rate of all the weights
-    // (median of 10 streaming reads, this process).
+    // (this process: bench_hbm.cuh).
     for (int e = 0; e < E; ++e) res.touched += L.padded_offsets[size_t(e) + 1] > L.padded_offsets[size_t(e)];
-    Dev sink(4);
-    std::vector<float> rd;
-    for (int r = 0; r < 11; ++r) {
-      EPMOE_CUDA_CHECK(cudaEventRecord(t0, s));
-      read_kernel<<<132 * 8, 512, 0, s>>>(static_cast<const uint4*>(w1.p), int64_t(w1.bytes / 16), sink.as<unsigned>());
-      read_kernel<<<132 * 8, 512, 0, s>>>(static_cast<const uint4*>(w2.p), int64_t(w2.bytes / 16), sink.as<unsigned>());
-      EPMOE_CUDA_CHECK(cudaEventRecord(t1, s));
-      EPMOE_CUDA_CHECK(cudaEventSynchronize(t1));
-      float ms = 0;
-      EPMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, t0, t1));
-      if (r > 0) rd.push_back(ms);
-    }
-    res.hbm_tbs = double(w1.bytes + w2.bytes) / (median(rd) * 1e-3) / 1e12;
+    res.hbm_tbs = epmoe::bench::hbm_read_tbs(s, {{w1.p, w1.bytes}, {w2.p, w2.bytes}});
     res.floor_ms = double(res.touched) * 3.0 * H * F * 2 / (res.hbm_tbs * 1e12) * 1e3;
   }
 

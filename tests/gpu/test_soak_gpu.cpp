@@ -112,12 +112,11 @@ TEST_F(SoakGpu, TenThousandForwardBackwardStayRightAndFlat) {
   // Flat: the pool may round a late, larger request up (a few MB), no growth per iteration.
   EXPECT_LT(dev_end - dev_warm, int64_t(64) << 20) << "device memory grew";
   EXPECT_LT(rss_end - rss_warm, int64_t(32) << 20) << "host memory grew";
-  char seen[256];
-  std::snprintf(seen, sizeof seen,
-                "10 checks vs reference and bitwise (y, dx, dW1, dW2) passed; device %.1f -> %.1f MB (%+.1f), host %.1f -> %.1f MB "
-                "(%+.1f) from iteration %d to the end",
-                dev_warm / 1e6, dev_end / 1e6, (dev_end - dev_warm) / 1e6, rss_warm / 1e6, rss_end / 1e6,
-                (rss_end - rss_warm) / 1e6, kWarmup);
+  const std::string seen = strprintf(
+      "10 checks vs reference and bitwise (y, dx, dW1, dW2) passed; device %.1f -> %.1f MB (%+.1f), host %.1f -> "
+      "%.1f MB (%+.1f) from iteration %d to the end",
+      dev_warm / 1e6, dev_end / 1e6, (dev_end - dev_warm) / 1e6, rss_warm / 1e6, rss_end / 1e6,
+      (rss_end - rss_warm) / 1e6, kWarmup);
   matrix_row("10,000 forward+backward on 1 GPU (T 0..300, deterministic)",
              "reference and iteration 0's bits (y, dx, dW) every 1000; device growth < 64 MB, host < 32 MB", seen);
 }
