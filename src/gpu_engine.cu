@@ -119,6 +119,9 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
     h_hdr_up_ = pinned_alloc<int64_t>(size_t(W) * hw);
     h_expert_ = pinned_alloc<int64_t>(2 * size_t(El) + 1);
     if (opt.max_tokens_per_rank > 0) init_capturable();
+    // cudaMemset of device memory returns before it is done, on the legacy stream, which the
+    // caller's non-blocking streams do not wait for: the zeros must be in place before a first call.
+    EPMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   } catch (...) {
     destroy();
     throw;

@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
   EPMOE_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(ids.p, hids.data(), hids.size() * 4, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(wts.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
+  // (a pageable cudaMemcpy returns before the device has the bytes; the layer runs on another stream)
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
   int dev = 0;
   EPMOE_CUDA_CHECK(cudaGetDevice(&dev));
@@ -156,6 +158,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int64_t T : counts) {
     EPMOE_CUDA_CHECK(cudaMemcpy(d_T.p, &T, 8, cudaMemcpyHostToDevice));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());  // (as above)
     std::vector<char> touched(size_t(s.E), 0);
     for (int64_t i = 0; i < T * s.k; ++i)
       if (hids[size_t(i)] >= 0) touched[size_t(hids[size_t(i)])] = 1;

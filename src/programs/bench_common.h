@@ -72,6 +72,8 @@ inline void upload_weights(WeightSet& ws, uint64_t seed, const Shape& s, int ran
     BENCH_CUDA(cudaMemcpy(static_cast<char*>(ws.w2.get()) + size_t(le) * n2 * sizeof(bf16), h2.data(),
                           n2 * sizeof(bf16), cudaMemcpyHostToDevice));
   }
+  // (pageable cudaMemcpy returns before the device has the bytes; the benches run on other streams)
+  BENCH_CUDA(cudaDeviceSynchronize());
   ws.E = s.E, ws.hidden = s.hidden, ws.ffn = s.ffn;
 }
 

@@ -243,6 +243,7 @@ Result run_shape(Context& cx, const Options& o, const Shape& s, int shape_index,
     BENCH_CUDA(cudaMemcpy(dx.get(), in.x.data(), dx.bytes(), cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(dids.get(), in.ids.data(), dids.bytes(), cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(dwts.get(), in.wts.data(), dwts.bytes(), cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaDeviceSynchronize());  // (pageable uploads return before the device has the bytes)
   }
   const int dev = cx.device;
   const TensorView x = TensorView::contiguous(dx.get(), DType::bf16, {T, int64_t(s.hidden)}, DeviceType::cuda, dev);

@@ -250,6 +250,8 @@ Result run_shape(const Shape& sh, const Options& opt) {
   }
   Dev act(size_t(cap) * F * 2), out(size_t(T) * H * 2), out_acc(size_t(T) * H * 4);
   EPMOE_CUDA_CHECK(cudaMemset(out_acc.p, 0, out_acc.bytes));  // (the fused pipeline leaves it zero)
+  // The uploads and fills above are on the legacy stream, which the timed streams do not wait for.
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
 
   const epmoe::kernels::ExpertWeightsView wv{w1.as<__nv_bfloat16>(), w2.as<__nv_bfloat16>(), E, H, F};
   const epmoe::kernels::ExpertLayoutView lv{offs.as<int64_t>(), prow.as<int32_t>(), pw.as<float>(), cap};

@@ -151,6 +151,7 @@ class Buffer {
 #if EPMOE_WITH_NCCL
     if (gpu_) {
       EPMOE_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, src, bytes, cudaMemcpyHostToDevice));
+      EPMOE_CUDA_CHECK(cudaDeviceSynchronize());  // (a pageable upload returns before the device has it)
       return;
     }
 #endif

@@ -353,6 +353,7 @@ Row run_row(Context& cx, const Options& o, const Shape& s, SavePolicy policy, co
     BENCH_CUDA(cudaMemcpy(bdy.get(), in.dy.data(), act_bytes, cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(bids.get(), in.ids.data(), route_bytes, cudaMemcpyHostToDevice));
     BENCH_CUDA(cudaMemcpy(bwts.get(), in.wts.data(), route_bytes, cudaMemcpyHostToDevice));
+    BENCH_CUDA(cudaDeviceSynchronize());  // (pageable uploads return before the device has the bytes)
     auto view = [&](const DeviceBuffer& b, DType t, int64_t rows, int64_t cols) {
       return TensorView::contiguous(b.get(), t, {rows, cols}, DeviceType::cuda, dev);
     };

@@ -41,21 +41,29 @@ inline bool cuda_available(std::string& why) {
 }
 
 // A device array of T, filled with `poison` bytes so unwritten outputs show up in comparisons.
+// Every fill and upload is waited for: cudaMemset, and cudaMemcpy from pageable memory, return
+// before the device has the bytes, on the legacy stream, which the tests' non-blocking streams do
+// not wait for (a forward could read the poison instead of the upload; seen under load).
 template <class T>
 class Dev {
  public:
   explicit Dev(size_t n, int poison = 0x7b) : n_(n) {
     ck(cudaMalloc(&p_, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
     ck(cudaMemset(p_, poison, std::max<size_t>(n, 1) * sizeof(T)), "cudaMemset");
+    ck(cudaDeviceSynchronize(), "poison sync");
   }
   Dev(const std::vector<T>& v) : Dev(v.size()) {
     if (!v.empty()) ck(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    ck(cudaDeviceSynchronize(), "upload sync");
   }
   ~Dev() { cudaFree(p_); }
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   T* get() const { return static_cast<T*>(p_); }
-  void poison(int byte) { ck(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T)), "poison"); }
+  void poison(int byte) {
+    ck(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T)), "poison");
+    ck(cudaDeviceSynchronize(), "poison sync");
+  }
   std::vector<T> host(size_t count) const {
     std::vector<T> v(count);
     if (count) ck(cudaMemcpy(v.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");

@@ -358,6 +358,7 @@ void run_case(const Case& cs, const epmoe::Sm90PlanOverride& plan_override, Case
   DevBuf<float> d_acc(plan.fused ? size_t(T) * H : 0);
   if (plan.fused) {
     EPMOE_CUDA_CHECK(cudaMemset(d_acc.p, 0, d_acc.bytes()));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());  // (the graph mode runs on a non-blocking stream)
     p.out_acc = d_acc.p;
   }
   run_pipeline(p, plan, cs.mode);

@@ -44,6 +44,7 @@ struct DevBuf {
   size_t bytes() const { return n * sizeof(T); }
   void upload(const std::vector<T>& h) {
     if (!h.empty()) EPMOE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());  // (a pageable upload may still be in flight: device_array.h)
   }
   std::vector<T> download(size_t first = 0, size_t count = SIZE_MAX) const {
     count = std::min(count, n - first);

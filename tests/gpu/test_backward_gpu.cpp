@@ -104,6 +104,7 @@ HostGrads run_pass(GpuLayer& L, const DeviceInputs& in, DType gd, const std::vec
         }
       }
       ck(cudaMemcpy(dst->get(), raw.data(), raw.size(), cudaMemcpyHostToDevice), "prefill");
+      ck(cudaDeviceSynchronize(), "prefill sync");  // (a pageable upload may still be in flight: device_array.h)
     }
   }
   MoeForwardContext ctx;

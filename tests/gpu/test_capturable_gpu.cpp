@@ -272,6 +272,7 @@ TEST_F(CapturableGpu, BadTokenCountPoisonsEveryRow) {
     const Routing R = make_routing(kN, kE, kK, RoutingKind::uniform, 43, 0, 1);
     f.upload(kN, make_x(47, 0, kN, kHidden), R);
     ck(cudaMemcpy(f.num_tokens.get(), &T, 8, cudaMemcpyHostToDevice), "T");
+    ck(cudaDeviceSynchronize(), "T sync");  // (a pageable upload may still be in flight: device_array.h)
     f.forward();
     ck(cudaStreamSynchronize(f.stream), "sync");
     const std::vector<bf16> y = f.y.host();

@@ -172,6 +172,15 @@ TEST_F(ForwardGpu, Hidden7168) {
   run_case({8, 2, 7168, 128, 64, RoutingKind::with_drops});
 }
 
+// The smallest hidden the GPU engine takes (one 128-column block: half of DOWN's 256-column tile)
+// and an ffn much wider than hidden, at a few hundred tokens, on every path.
+TEST_F(ForwardGpu, SmallestHiddenAndWideFfn) {
+  run_case({8, 8, 128, 7168, 300, RoutingKind::uniform});
+  run_case({8, 2, 128, 256, 200, RoutingKind::zipf});
+  run_case({8, 8, 256, 7168, 300, RoutingKind::uniform});
+  run_case({8, 8, 7168, 128, 300, RoutingKind::uniform});
+}
+
 TEST_F(ForwardGpu, SmallAndEmpty) {
   run_case({16, 4, 2048, 256, 0, RoutingKind::uniform});
   run_case({16, 4, 2048, 256, 1, RoutingKind::uniform});

@@ -77,6 +77,9 @@ void check_alltoallv(Communicator& comm, int planes, BytesFn bytes, size_t pad, 
     p.send = send_buf[k]->get();
     p.recv = recv_buf[k]->get();
   }
+  // cudaMemcpy from pageable memory and cudaMemset return before the device has the bytes, on the
+  // legacy stream, which `stream` (non-blocking) does not wait for.
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   comm.set_stream(stream);
   comm.alltoallv(pl);
   std::vector<std::vector<uint8_t>> got(planes);
@@ -138,6 +141,7 @@ TEST_F(NcclComm, SingleRankCommunicator) {
   const std::vector<int64_t> host = {7, -3, 1ll << 40};
   DeviceBuffer send(host.size() * 8), recv(host.size() * 8);
   EXPECT_EQ(cudaMemcpy(send.get(), host.data(), host.size() * 8, cudaMemcpyHostToDevice), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (as above)
   comm->alltoall_i64(send.get<int64_t>(), recv.get<int64_t>(), host.size());
   std::vector<int64_t> got(host.size());
   comm->host_wait(nullptr, "single alltoall");

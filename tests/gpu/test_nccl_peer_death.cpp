@@ -66,6 +66,7 @@ TEST_F(NcclPeerDeath, BarrierFailsWithinTheDeadline) {
 TEST_F(NcclPeerDeath, AlltoallFailsWithinTheDeadline) {
   DeviceBuffer send(world_ * 4 * sizeof(int64_t)), recv(world_ * 4 * sizeof(int64_t));
   EXPECT_EQ(cudaMemset(send.get(), 0, send.bytes()), cudaSuccess);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // (cudaMemset returns before it is done)
   expect_failure_after_peer_death(rank_, [&](Communicator& c) {
     c.alltoall_i64(send.get<int64_t>(), recv.get<int64_t>(), 4);
     c.host_wait(c.stream(), "alltoall_i64 after peer death");  // where the engine waits
