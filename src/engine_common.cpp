@@ -81,15 +81,23 @@ protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardCo
   return s;
 }
 
+void validate_gpu_options(const MoeConfig& cfg, const LayerOptions& opt) {
+  if (sm90_dims(cfg.hidden, cfg.ffn)) return;
+  const char* what = opt.expert_path == ExpertPath::sm90 ? "expert_path sm90"
+                     : !opt.sm90_plan.empty()            ? "an sm90_plan override"
+                     : opt.max_tokens_per_rank > 0       ? "the capturable forward (max_tokens_per_rank, sm_90 only)"
+                                                         : nullptr;
+  EPMOE_CHECK(what == nullptr, ErrorCode::unsupported, what, " needs hidden and ffn multiples of ", kSm90DimAlignment,
+              " (got hidden ", cfg.hidden, ", ffn ", cfg.ffn, "); the cuBLAS path (expert_path automatic or cublas) runs "
+              "multiples of ", kDimAlignment);
+}
+
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
   const int64_t H = cfg.hidden, F = cfg.ffn;
   if (device == DeviceType::cuda) {  // what the GPU engine runs today
     EPMOE_CHECK(!w.mxfp8(), ErrorCode::unsupported,
                 "MXFP8 weights run on the CPU engine for now (cpu weights); the Hopper FP8 kernels are not built yet");
-    EPMOE_CHECK(H % kGpuDimAlignment == 0 && F % kGpuDimAlignment == 0, ErrorCode::unsupported,
-                "the GPU engine needs hidden and ffn multiples of ", kGpuDimAlignment, " (got hidden ", H, ", ffn ", F,
-                "); the CPU engine (cpu weights) takes multiples of ", kDimAlignment);
   }
   if (!w.mxfp8()) {
     check_tensor(w.w1, "w1", DType::bf16, {El, 2 * F, H}, device);

@@ -49,6 +49,7 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
               "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
   cfg.validate();
   validate_weights(cfg, w, DeviceType::cuda);
+  validate_gpu_options(cfg, opt);
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
   EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
@@ -59,8 +60,9 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   DeviceGuard guard(device_);
 
   switch (opt.expert_path) {
-    case ExpertPath::automatic:
-      path = kernels::sm90_experts_supported(device_) ? ExpertPath::sm90 : ExpertPath::cublas;
+    case ExpertPath::automatic:  // (dims the sm_90 kernels do not take run on cuBLAS)
+      path = kernels::sm90_experts_supported(device_) && sm90_dims(cfg.hidden, cfg.ffn) ? ExpertPath::sm90
+                                                                                       : ExpertPath::cublas;
       break;
     case ExpertPath::sm90:
       EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,

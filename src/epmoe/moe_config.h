@@ -9,11 +9,12 @@ namespace epmoe {
 // hidden and ffn must be multiples of this (16 bf16 = 32 bytes: every row of x, act and the
 // weights starts 32-byte aligned, so the 16-byte vector accesses never straddle a row).
 inline constexpr int kDimAlignment = 16;
-// The GPU engine still needs multiples of 128: the sm_90 kernels tile K by 64 and N by 128 and pair
-// 128-row blocks of W1, and the cuBLAS path has not been verified at other dims. A GPU layer of other
-// dims fails at construction with Error(unsupported) (validate_weights); the CPU engine takes any
-// multiple of kDimAlignment. (Issue 48: TMA bounds and predication in the sm_90 kernels.)
-inline constexpr int kGpuDimAlignment = 128;
+// The sm_90 kernels need multiples of 128 (they tile K by 64 and N by 128 and pair 128-row blocks of
+// W1): a GPU layer of other dims runs the cuBLAS path (ExpertPath::automatic picks it), and asking for
+// the sm_90 path, an sm_90 plan or the capturable forward (sm_90 only) at such dims fails at
+// construction with Error(unsupported). (Issue 48: TMA bounds and predication in the sm_90 kernels.)
+inline constexpr int kSm90DimAlignment = 128;
+inline bool sm90_dims(int hidden, int ffn) { return hidden % kSm90DimAlignment == 0 && ffn % kSm90DimAlignment == 0; }
 // Ranks in one group: the layout keeps one bit per destination rank in a 64-bit mask.
 inline constexpr int kMaxWorldSize = 64;
 

@@ -29,7 +29,7 @@ void validate_options(const TrainOptions& o, int world) {
   need(o.beta2 >= 0 && o.beta2 < 1, "--beta2 must be in [0, 1) (got ", o.beta2, ")");
   need(o.eps > 0, "--eps must be > 0 (got ", o.eps, ")");
   need(o.cpu_threads >= 1, "--cpu-threads must be >= 1 (got ", o.cpu_threads, ")");
-  // The layer's own rules (experts % world, top_k <= experts, hidden and ffn multiples of 128, ...),
+  // The layer's own rules (experts % world, top_k <= experts, hidden and ffn multiples of 16, ...),
   // checked here so that they fail before any collective, with the layer's message.
   const MoeConfig cfg{.num_experts = o.experts, .top_k = o.top_k, .hidden = o.hidden, .ffn = o.ffn,
                       .world_size = world, .rank = 0};

@@ -295,21 +295,44 @@ TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
   }
 }
 
-// hidden / ffn multiples of 16 but not of 128: a valid config (the CPU engine runs it), which the GPU
-// engine refuses with a clear Error(unsupported) on every path until its kernels take it (issue 48).
-TEST_F(ForwardGpu, DimsNotMultipleOf128AreRefusedClearly) {
-  Model m(8, 2, 144, 80, 131);
-  for (ExpertPath path : {ExpertPath::automatic, ExpertPath::cublas}) {
-    LayerOptions opt;
-    opt.expert_path = path;
-    try {
+// hidden / ffn multiples of 16 but not of 128 (issue 48): the automatic path runs them on cuBLAS,
+// against the reference; the sm_90 path, an sm_90 plan and the capturable forward refuse them with
+// Error(unsupported) naming the rule.
+TEST_F(ForwardGpu, DimsMultipleOf16RunOnTheCublasPath) {
+  cudaStream_t stream;
+  ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  for (const Case& c : {Case{8, 2, 144, 80, 200, RoutingKind::zipf}, Case{16, 4, 272, 48, 300, RoutingKind::with_drops},
+                        Case{8, 4, 16, 16, 64, RoutingKind::uniform}, Case{8, 2, 1040, 2064, 96, RoutingKind::uniform}}) {
+    SCOPED_TRACE("hidden " + std::to_string(c.hidden) + " ffn " + std::to_string(c.ffn));
+    Model m(c.E, c.k, c.hidden, c.ffn, mix(c.E, c.hidden, c.ffn));
+    Inputs in;
+    in.T = c.T;
+    in.x = make_x(mix(3, c.T), 0, c.T, c.hidden);
+    in.R = make_routing(c.T, c.E, c.k, c.kind, mix(5, c.T, c.E), 0, 1);
+    const std::vector<float> ref = reference(m, in);
+    for (ExpertPath path : {ExpertPath::automatic, ExpertPath::cublas}) {
+      LayerOptions opt;
+      opt.expert_path = path;
       MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
-      ADD_FAILURE() << "hidden 144 / ffn 80 accepted by the GPU engine";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
-      EXPECT_NE(std::string(e.what()).find("multiples of 128"), std::string::npos) << e.what();
+      EXPECT_EQ(layer.expert_path(), ExpertPath::cublas);
+      const std::vector<bf16> y = run_forward(layer, in, stream);
+      EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.hidden, kGpuTolerance));
+    }
+    for (int refusal = 0; refusal < 3; ++refusal) {
+      LayerOptions opt;
+      if (refusal == 0) opt.expert_path = ExpertPath::sm90;
+      if (refusal == 1) opt.sm90_plan = parse_sm90_plan_override("swap=on");
+      if (refusal == 2) opt.max_tokens_per_rank = 8;
+      try {
+        MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+        ADD_FAILURE() << "refusal " << refusal << " accepted at hidden " << c.hidden << " ffn " << c.ffn;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+        EXPECT_NE(std::string(e.what()).find("multiples of 128"), std::string::npos) << e.what();
+      }
     }
   }
+  ck(cudaStreamDestroy(stream), "stream destroy");
 }
 
 // One layer, many calls: buffers grow and shrink in use; outputs stay right. (Not bitwise
