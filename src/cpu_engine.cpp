@@ -7,6 +7,7 @@
 
 #include "cpu_experts.h"
 #include "engine.h"
+#include "epmoe/mxfp8.h"
 
 namespace epmoe {
 
@@ -48,16 +49,31 @@ class CpuEngine final : public MoeLayer::Engine {
 
   void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, void*,
                MoeForwardContext* save) override {
+    run_forward(x, nullptr, ids, wts, y, save);
+  }
+  void forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& ids, const TensorView& wts,
+                     const TensorView& y, void*) override {
+    run_forward(x, &x_scale, ids, wts, y, nullptr);
+  }
+
+  // x bf16, or MXFP8 with x_scale (forward_mxfp8).
+  void run_forward(const TensorView& x, const TensorView* x_scale, const TensorView& ids, const TensorView& wts,
+                   const TensorView& y, MoeForwardContext* save) {
     const int W = cfg.world_size, El = cfg.experts_per_rank(), H = cfg.hidden, k = cfg.top_k;
     const size_t row_bytes = size_t(H) * sizeof(bf16), meta_bytes = size_t(protocol::meta_words(k)) * 4;
     stats = {};
 
-    // layout (+ local validation: bad arguments, then bad ids)
+    // layout (+ local validation: bad arguments, then bad ids); the statuses travel with the counts,
+    // so a bad rank fails every rank alike
     auto t0 = Clock::now();
-    protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cpu);
-    if (status.ok() && save != nullptr && mxfp8_) {  // (travels with the counts: every rank fails alike)
+    protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cpu, x_scale);
+    if (status.ok() && save != nullptr && mxfp8_) {
       status.code = ErrorCode::unsupported;
       status.text = "an MXFP8 layer is forward-only: a forward that saves for backward is not supported";
+    }
+    if (status.ok() && x_scale != nullptr && !mxfp8_) {
+      status.code = ErrorCode::unsupported;
+      status.text = "forward_mxfp8 needs an MXFP8 layer (e4m3 weights); this one is bf16";
     }
     protocol::DispatchLayout L = protocol::empty_dispatch_layout(cfg);
     if (status.ok()) {
@@ -75,27 +91,49 @@ class CpuEngine final : public MoeLayer::Engine {
     const protocol::ReceivePlan P = protocol::decode_count_headers(recv_hdr_, W, El);
     stats.exchange_ms = ms_since(t0);
 
-    // dispatch: each token once per destination rank, with its (local expert, weight) pairs
+    // dispatch: each token once per destination rank, with its (local expert, weight) pairs. An
+    // MXFP8 layer sends its rows in the format (packed rows, epmoe/mxfp8.h: 0.52 of the bytes): the
+    // experts would quantize them on arrival anyway, to the same values.
     t0 = Clock::now();
     const int64_t T = x.shape[0], sent = L.total_rows(), recvd = P.total_rows();
-    send_x_.resize(size_t(sent) * H);
-    for (int64_t r = 0; r < sent; ++r)
-      std::memcpy(&send_x_[size_t(r) * H], x.ptr<bf16>() + int64_t(L.send_token[r]) * H, row_bytes);
-    recv_x_.resize(size_t(recvd) * H);
+    const size_t wire_row_bytes = mxfp8_ ? size_t(mx::packed_row_bytes(H)) : row_bytes;
+    if (mxfp8_) {
+      send_mx_.resize(size_t(sent) * wire_row_bytes);
+      const int blocks = H / mx::kBlock;
+      for (int64_t r = 0; r < sent; ++r) {
+        const int64_t t = L.send_token[r];
+        uint8_t* dst = &send_mx_[size_t(r) * wire_row_bytes];
+        if (x_scale == nullptr) {
+          mx::quantize_packed_row(x.ptr<bf16>() + t * H, H, dst);
+        } else {  // already in the format: its bytes, as they are
+          std::memcpy(dst, x.ptr<uint8_t>() + t * H, size_t(H));
+          std::memcpy(dst + H, x_scale->ptr<uint8_t>() + t * blocks, size_t(blocks));
+        }
+      }
+      recv_mx_.resize(size_t(recvd) * wire_row_bytes);
+    } else {
+      send_x_.resize(size_t(sent) * H);
+      for (int64_t r = 0; r < sent; ++r)
+        std::memcpy(&send_x_[size_t(r) * H], x.ptr<bf16>() + int64_t(L.send_token[r]) * H, row_bytes);
+      recv_x_.resize(size_t(recvd) * H);
+    }
     recv_meta_.resize(size_t(recvd) * protocol::meta_words(k));
     const AlltoallvPlane planes[2] = {
-        protocol::make_plane(send_x_.data(), recv_x_.data(), L.send_rows, P.recv_rows, row_bytes),
+        mxfp8_ ? protocol::make_plane(send_mx_.data(), recv_mx_.data(), L.send_rows, P.recv_rows, wire_row_bytes)
+               : protocol::make_plane(send_x_.data(), recv_x_.data(), L.send_rows, P.recv_rows, row_bytes),
         protocol::make_plane(L.send_meta.data(), recv_meta_.data(), L.send_rows, P.recv_rows, meta_bytes)};
     comm_->alltoallv(planes);
     stats.dispatch_ms = ms_since(t0);
-    if (on_receive_) on_receive_(recv_x_.data(), recv_meta_.data(), P.recv_rows);
+    if (on_receive_)
+      on_receive_(mxfp8_ ? static_cast<const void*>(recv_mx_.data()) : recv_x_.data(), recv_meta_.data(), P.recv_rows);
 
     // local experts: one weighted sum per received row
     t0 = Clock::now();
     expert_out_.resize(size_t(recvd) * H);
     const bool keep_h = save != nullptr && save_policy_ == SavePolicy::rows_and_preactivation;
     std::vector<bf16> h(keep_h ? size_t(P.total_pairs()) * 2 * cfg.ffn : 0);
-    experts_.run(recv_x_.data(), recv_meta_.data(), recvd, expert_out_.data(), keep_h ? h.data() : nullptr);
+    if (mxfp8_) experts_.run_packed_mx(recv_mx_.data(), recv_meta_.data(), recvd, expert_out_.data());
+    else experts_.run(recv_x_.data(), recv_meta_.data(), recvd, expert_out_.data(), keep_h ? h.data() : nullptr);
     stats.experts_ms = ms_since(t0);
 
     // combine: rows go back the way they came
@@ -113,7 +151,7 @@ class CpuEngine final : public MoeLayer::Engine {
     stats.tokens = T;
     stats.send_rows = L.send_rows;
     stats.recv_rows = P.recv_rows;
-    stats.dispatch_bytes = int64_t(sent * (row_bytes + meta_bytes));
+    stats.dispatch_bytes = int64_t(sent * (wire_row_bytes + meta_bytes));
     stats.combine_bytes = int64_t(recvd * row_bytes);
     stats.expert_pairs = P.total_pairs();
 
@@ -189,6 +227,7 @@ class CpuEngine final : public MoeLayer::Engine {
   CpuExperts experts_;
   std::vector<int64_t> send_hdr_, recv_hdr_;
   std::vector<bf16> send_x_, recv_x_, expert_out_, returned_;
+  std::vector<uint8_t> send_mx_, recv_mx_;  // an MXFP8 layer's dispatched rows (packed)
   std::vector<int32_t> recv_meta_;
   std::function<void(const void*, const int32_t*, const std::vector<int64_t>&)> on_receive_;
   SavePolicy save_policy_;

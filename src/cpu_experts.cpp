@@ -83,7 +83,7 @@ void CpuExperts::expert_weights_t(int e, float* w1t, float* w2t) const {
     for (int c = 0; c < F; ++c) w2t[size_t(c) * H + o] = w2[int64_t(o) * F + c].f();
 }
 
-void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const {
+void CpuExperts::run_expert(int e, const Rows& x, const protocol::ExpertLayout& L, float* acc, bf16* h) const {
   const int H = cfg_.hidden, F = cfg_.ffn;
   const int64_t begin = L.padded_offsets[e], n = L.expert_counts[e];
   if (n == 0) return;
@@ -97,7 +97,12 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
   for (int64_t i0 = 0; i0 < n; i0 += kRowBlock) {
     const int m = int(std::min<int64_t>(kRowBlock, n - i0));
     for (int i = 0; i < m; ++i) {
-      const bf16* src = x + int64_t(L.pair_row[begin + i0 + i]) * H;
+      const int64_t row = L.pair_row[begin + i0 + i];
+      if (x.mx_rows != nullptr) {  // quantized at the source
+        mx::dequantize_packed_row(x.mx_rows + row * mx::packed_row_bytes(H), H, &xb[size_t(i) * H]);
+        continue;
+      }
+      const bf16* src = x.bf16_rows + row * H;
       for (int c = 0; c < H; ++c) xb[size_t(i) * H + c] = src[c].f();
       if (mx) mx::round_trip_row(&xb[size_t(i) * H], H);  // x quantized on the fly
     }
@@ -126,6 +131,15 @@ void CpuExperts::run_expert(int e, const bf16* x, const protocol::ExpertLayout& 
 }
 
 void CpuExperts::run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h) const {
+  run_rows({x, nullptr}, meta, rows, out, h);
+}
+
+void CpuExperts::run_packed_mx(const uint8_t* x, const int32_t* meta, int64_t rows, bf16* out) const {
+  EPMOE_CHECK(mx_.w1 != nullptr, ErrorCode::internal, "CpuExperts::run_packed_mx: the weights are not MXFP8");
+  run_rows({nullptr, x}, meta, rows, out, nullptr);
+}
+
+void CpuExperts::run_rows(const Rows& x, const int32_t* meta, int64_t rows, bf16* out, bf16* h) const {
   EPMOE_CHECK(mx_.w1 == nullptr || h == nullptr, ErrorCode::internal, "CpuExperts::run: MXFP8 keeps no h");
   const int H = cfg_.hidden, El = cfg_.experts_per_rank();
   const protocol::ExpertLayout L = protocol::expert_layout(meta, rows, cfg_.top_k, El, /*tile=*/1);

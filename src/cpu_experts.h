@@ -27,6 +27,9 @@ class CpuExperts {
     w1_ = w2_ = nullptr;
   }
   void run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out, bf16* h = nullptr) const;
+  // MXFP8 weights, the rows already in the format (packed rows, epmoe/mxfp8.h: what an MXFP8 layer
+  // dispatches): the same result as run() on the rows they were quantized from.
+  void run_packed_mx(const uint8_t* x, const int32_t* meta, int64_t rows, bf16* out) const;
   // dy[rows, hidden] bf16 (the rows' gradients, in received order); h: the forward's, or null to
   // recompute it. Writes dx[rows, hidden] bf16 and ds[rows, top_k] f32 (the n-th local slot of the
   // row in meta order; 0 past its last), and adds into dw1[E_local, 2 ffn, hidden] and
@@ -35,7 +38,12 @@ class CpuExperts {
                 float* dw1, float* dw2) const;
 
  private:
-  void run_expert(int e, const bf16* x, const protocol::ExpertLayout& L, float* acc, bf16* h) const;
+  struct Rows {  // received rows: bf16, or packed MXFP8 (epmoe/mxfp8.h)
+    const bf16* bf16_rows = nullptr;
+    const uint8_t* mx_rows = nullptr;
+  };
+  void run_rows(const Rows& x, const int32_t* meta, int64_t rows, bf16* out, bf16* h) const;
+  void run_expert(int e, const Rows& x, const protocol::ExpertLayout& L, float* acc, bf16* h) const;
   void backward_expert(int e, const bf16* x, const int32_t* meta, const protocol::ExpertLayout& L, const bf16* dy,
                        const bf16* h, float* dx_acc, float* ds, float* dw1, float* dw2) const;
   // Expert e's weights as fp32, transposed: w1t [H, 2F], w2t [F, H] (bf16 or dequantized MXFP8).

@@ -35,6 +35,12 @@ class MoeLayer::Engine {
     EPMOE_FAIL(ErrorCode::unsupported, "forward_capturable needs the GPU engine (cuda weights)");
   }
   virtual void check_capturable(void* stream) { (void)stream; }
+  // MoeLayer::forward_mxfp8 (the CPU engine's; the GPU engine takes no MXFP8 layer yet).
+  virtual void forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& topk_ids,
+                             const TensorView& topk_weights, const TensorView& y, void* stream) {
+    (void)x, (void)x_scale, (void)topk_ids, (void)topk_weights, (void)y, (void)stream;
+    EPMOE_FAIL(ErrorCode::unsupported, "forward_mxfp8 needs an MXFP8 layer (the CPU engine for now)");
+  }
   MoeConfig cfg;
   ForwardStats stats;
   ExpertPath path = ExpertPath::automatic;
@@ -42,8 +48,10 @@ class MoeLayer::Engine {
 
 // Checks shapes, dtypes and devices of the forward arguments without throwing, so that a bad
 // argument on one rank travels in the count exchange and fails every rank alike.
+// With x_scale: x is MXFP8 (e4m3[T, hidden], x_scale e8m0[T, hidden / 32]).
 protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x, const TensorView& topk_ids,
-                                       const TensorView& topk_weights, const TensorView& y, DeviceType device);
+                                       const TensorView& topk_weights, const TensorView& y, DeviceType device,
+                                       const TensorView* x_scale = nullptr);
 // Checks w1/w2 shapes for this rank (throws: construction is local and before any collective
 // except the configuration agreement, which runs first).
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device);

@@ -26,15 +26,25 @@ std::string tensor_problem(const TensorView& t, const char* name, DType dtype, i
 }  // namespace
 
 protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x, const TensorView& ids,
-                                       const TensorView& w, const TensorView& y, DeviceType device) {
+                                       const TensorView& w, const TensorView& y, DeviceType device,
+                                       const TensorView* x_scale) {
   protocol::Status s;
+  const DType xt = x_scale != nullptr ? DType::e4m3 : DType::bf16;
   if (x.ndim != 2) {
     s.code = ErrorCode::invalid_argument;
-    s.text = detail::concat("x: expected a 2-d bf16[T, ", cfg.hidden, "] tensor, got ", x.describe());
+    s.text = detail::concat("x: expected a 2-d ", dtype_name(xt), "[T, ", cfg.hidden, "] tensor, got ", x.describe());
     return s;
   }
   const int64_t T = x.shape[0];
-  for (const std::string& p : {tensor_problem(x, "x", DType::bf16, T, cfg.hidden, device),
+  if (x_scale != nullptr) {
+    const std::string p = tensor_problem(*x_scale, "x_scale", DType::e8m0, T, cfg.hidden / mx::kBlock, device);
+    if (!p.empty()) {
+      s.code = ErrorCode::invalid_argument;
+      s.text = p;
+      return s;
+    }
+  }
+  for (const std::string& p : {tensor_problem(x, "x", xt, T, cfg.hidden, device),
                                tensor_problem(ids, "topk_ids", DType::i32, T, cfg.top_k, device),
                                tensor_problem(w, "topk_weights", DType::f32, T, cfg.top_k, device),
                                tensor_problem(y, "y", DType::bf16, T, cfg.hidden, device)}) {

@@ -59,6 +59,11 @@ void MoeLayer::forward(const TensorView& x, const TensorView& ids, const TensorV
   engine_->forward(x, ids, w, y, stream, save);
 }
 
+void MoeLayer::forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& ids,
+                             const TensorView& w, const TensorView& y, void* stream) {
+  engine_->forward_mxfp8(x, x_scale, ids, w, y, stream);
+}
+
 void MoeLayer::backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx,
                         const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) {
   engine_->backward(ctx, dy, dx, d_topk_weights, grads, stream);

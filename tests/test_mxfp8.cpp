@@ -117,6 +117,44 @@ TEST(Mxfp8Format, NanPoisonsItsBlockOnly) {
   EXPECT_EQ(x[0], 1.5f);
 }
 
+// A packed row (what an MXFP8 layer dispatches) holds the row's round trip: dequantized at the
+// destination it is what the destination would have made of the bf16 row, and quantizing that again
+// gives the same bytes. Rows with a NaN block, an all-zero block, saturating and tiny values.
+TEST(Mxfp8Format, PackedRowsHoldTheRoundTrip) {
+  constexpr int K = 256;
+  std::mt19937 rng(61);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int t = 0; t < 64; ++t) {
+    std::vector<bf16> x(K);
+    const float scale = std::ldexp(1.0f, int(rng() % 60) - 30);
+    for (int i = 0; i < K; ++i) x[size_t(i)] = bf16(nd(rng) * scale);
+    if (t % 4 == 1) x[size_t(rng() % K)] = bf16(std::nanf(""));
+    if (t % 4 == 2)
+      for (int i = 64; i < 96; ++i) x[size_t(i)] = bf16(0.f);
+    if (t % 4 == 3) x[size_t(rng() % K)] = bf16(3.0e38f);
+    std::vector<uint8_t> packed(size_t(mx::packed_row_bytes(K)));
+    ASSERT_EQ(packed.size(), size_t(K + K / 32));
+    mx::quantize_packed_row(x.data(), K, packed.data());
+    std::vector<float> got(K), want(K);
+    mx::dequantize_packed_row(packed.data(), K, got.data());
+    for (int i = 0; i < K; ++i) want[size_t(i)] = x[size_t(i)].f();
+    mx::round_trip_row(want.data(), K);
+    for (int i = 0; i < K; ++i)
+      ASSERT_TRUE(std::isnan(got[size_t(i)]) ? std::isnan(want[size_t(i)]) : got[size_t(i)] == want[size_t(i)])
+          << "row " << t << " element " << i << ": " << got[size_t(i)] << " vs " << want[size_t(i)];
+    std::vector<bf16> again(K);
+    bool representable = true;  // (bf16 holds every value of these rows' scales)
+    for (int i = 0; i < K; ++i) {
+      again[size_t(i)] = bf16(got[size_t(i)]);
+      representable &= std::isnan(got[size_t(i)]) || again[size_t(i)].f() == got[size_t(i)];
+    }
+    ASSERT_TRUE(representable) << "row " << t;
+    std::vector<uint8_t> repacked(packed.size());
+    mx::quantize_packed_row(again.data(), K, repacked.data());
+    EXPECT_EQ(repacked, packed) << "row " << t;
+  }
+}
+
 // ---- the layer on CPU mock ranks ----------------------------------------------------------------
 
 struct MxWeights {
@@ -156,9 +194,27 @@ void mx_layer_case(const MxRun& c) {
   const ModelWeights M = make_weights(c.E, c.H, c.F, 5000 + c.W);
   const MxWeights q = quantize(M);
   std::vector<double> err2(c.W, 0), ref2(c.W, 0);
+  std::vector<int64_t> bad_rows(c.W, -1);
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
     const MoeConfig cfg{.num_experts = c.E, .top_k = c.k, .hidden = c.H, .ffn = c.F, .world_size = c.W, .rank = r};
-    MoeLayer layer(cfg, shard(q, c.E, c.H, c.F, c.W, r), std::move(comm));
+    // The dispatched rows are packed MXFP8 (epmoe/mxfp8.h): each the quantization of its source
+    // token's row on its source rank.
+    LayerOptions opt;
+    opt.on_receive = [&, r](const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank) {
+      const int64_t bytes = mx::packed_row_bytes(c.H);
+      std::vector<uint8_t> want(static_cast<size_t>(bytes));
+      int64_t i = 0, bad = 0;
+      for (int s = 0; s < c.W; ++s) {
+        const std::vector<bf16> xs = make_x(5100, s, c.T, c.H);
+        for (int64_t n = 0; n < per_rank[size_t(s)]; ++n, ++i) {
+          const int32_t t = meta[i * (1 + 2 * c.k)];
+          mx::quantize_packed_row(xs.data() + int64_t(t) * c.H, c.H, want.data());
+          bad += std::memcmp(static_cast<const uint8_t*>(rows) + i * bytes, want.data(), size_t(bytes)) != 0;
+        }
+      }
+      bad_rows[size_t(r)] = bad;
+    };
+    MoeLayer layer(cfg, shard(q, c.E, c.H, c.F, c.W, r), std::move(comm), opt);
     const std::vector<bf16> x = make_x(5100, r, c.T, c.H);
     const Routing R = make_routing(c.T, c.E, c.k, c.kind, mix(5200, r), 0, c.W);
     std::vector<bf16> y(x.size());
@@ -166,6 +222,11 @@ void mx_layer_case(const MxRun& c) {
                   TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {c.T, c.k}),
                   TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {c.T, c.k}),
                   TensorView::contiguous(y.data(), DType::bf16, {c.T, c.H}));
+    // Half the bytes of a bf16 dispatch, nearly: hidden + hidden / 32 per row, plus the metadata.
+    const ForwardStats& st = layer.last_stats();
+    int64_t sent = 0;
+    for (int64_t n : st.send_rows) sent += n;
+    EXPECT_EQ(st.dispatch_bytes, sent * (mx::packed_row_bytes(c.H) + 4 * (1 + 2 * c.k))) << "rank " << r;
     std::vector<float> ref(y.size()), ref_bf16(y.size());
     reference_moe_mxfp8(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, q.w1.data(), q.w1s.data(), q.w2.data(),
                         q.w2s.data(), c.E, c.H, c.F, ref.data());
@@ -179,6 +240,7 @@ void mx_layer_case(const MxRun& c) {
     }
   };
   report_rank_errors(run_mock_ranks(c.W, run), "mxfp8 layer");
+  for (int r = 0; r < c.W; ++r) EXPECT_EQ(bad_rows[size_t(r)], 0) << "rank " << r << "'s received rows";
   double e = 0, n = 0;
   for (int r = 0; r < c.W; ++r) e += err2[size_t(r)], n += ref2[size_t(r)];
   const double rel = n > 0 ? std::sqrt(e / n) : 0.0;
@@ -227,6 +289,81 @@ TEST(Mxfp8Layer, SavingForwardIsRefusedOnEveryRank) {
       EXPECT_NE(what[size_t(r)].find("forward-only"), std::string::npos) << savers << " saver(s), rank " << r << ": "
                                                                          << what[size_t(r)];
   }
+}
+
+// x given in the format (forward_mxfp8): its bytes are dispatched as they are, so y is bitwise the y
+// of forward() on the bf16 x it was quantized from. A bad x_scale on one rank, or a bf16 layer, fails
+// every rank alike.
+TEST(Mxfp8Layer, PreQuantizedXGivesTheSameY) {
+  constexpr int W = 2, E = 8, k = 2, H = 128, F = 64;
+  constexpr int64_t T = 37;
+  const ModelWeights M = make_weights(E, H, F, 5500);
+  const MxWeights q = quantize(M);
+  for (int bad_rank : {-1, 1}) {
+    std::vector<std::string> what(W);
+    std::vector<int64_t> differ(W, -1);
+    auto run = [&](int r, std::shared_ptr<Communicator> comm) {
+      const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
+      MoeLayer layer(cfg, shard(q, E, H, F, W, r), std::move(comm));
+      const std::vector<bf16> x = make_x(5501, r, T, H);
+      const Routing R = make_routing(T, E, k, RoutingKind::zipf, mix(5502, r), 0, W);
+      std::vector<uint8_t> xq(size_t(T) * H), xs(size_t(T) * H / 32);
+      mx::quantize_rows(x.data(), T, H, xq.data(), xs.data());
+      std::vector<bf16> y1(x.size()), y2(x.size());
+      const TensorView ids = TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {T, k});
+      const TensorView wts = TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {T, k});
+      try {
+        if (bad_rank < 0)
+          layer.forward(TensorView::contiguous(const_cast<bf16*>(x.data()), DType::bf16, {T, H}), ids, wts,
+                        TensorView::contiguous(y1.data(), DType::bf16, {T, H}));
+        const int64_t scale_cols = r == bad_rank ? H / 16 : H / 32;  // (one rank's scales of the wrong shape)
+        layer.forward_mxfp8(TensorView::contiguous(xq.data(), DType::e4m3, {T, H}),
+                            TensorView::contiguous(xs.data(), DType::e8m0, {T, scale_cols}), ids, wts,
+                            TensorView::contiguous(y2.data(), DType::bf16, {T, H}));
+        int64_t n = 0;
+        for (size_t i = 0; i < y1.size(); ++i) n += y1[i].bits != y2[i].bits;
+        differ[size_t(r)] = n;
+      } catch (const Error& e) {
+        what[size_t(r)] = std::string(error_code_name(e.code())) + ": " + e.what();
+      }
+    };
+    report_rank_errors(run_mock_ranks(W, run, 20.0), "forward_mxfp8");
+    for (int r = 0; r < W; ++r) {
+      if (bad_rank < 0) {
+        EXPECT_EQ(what[size_t(r)], "") << "rank " << r;
+        EXPECT_EQ(differ[size_t(r)], 0) << "rank " << r << ": elements of y that differ from forward()'s";
+      } else {
+        EXPECT_NE(what[size_t(r)].find("x_scale"), std::string::npos) << "rank " << r << ": " << what[size_t(r)];
+      }
+    }
+  }
+  // A bf16 layer: refused on every rank.
+  const ModelWeights Mb = make_weights(E, H, F, 5503);
+  std::vector<std::string> what(W);
+  auto run_bf16 = [&](int r, std::shared_ptr<Communicator> comm) {
+    const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
+    const int El = E / W;
+    auto* w1 = const_cast<bf16*>(Mb.w1.data()) + size_t(r) * El * 2 * F * H;
+    auto* w2 = const_cast<bf16*>(Mb.w2.data()) + size_t(r) * El * H * F;
+    MoeLayer layer(cfg, {TensorView::contiguous(w1, DType::bf16, {El, 2 * F, H}),
+                         TensorView::contiguous(w2, DType::bf16, {El, H, F})},
+                   std::move(comm));
+    const Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(5504, r), 0, W);
+    std::vector<uint8_t> xq(size_t(T) * H), xs(size_t(T) * H / 32);
+    std::vector<bf16> y(size_t(T) * H);
+    try {
+      layer.forward_mxfp8(TensorView::contiguous(xq.data(), DType::e4m3, {T, H}),
+                          TensorView::contiguous(xs.data(), DType::e8m0, {T, H / 32}),
+                          TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {T, k}),
+                          TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {T, k}),
+                          TensorView::contiguous(y.data(), DType::bf16, {T, H}));
+    } catch (const Error& e) {
+      what[size_t(r)] = std::string(error_code_name(e.code())) + ": " + e.what();
+    }
+  };
+  report_rank_errors(run_mock_ranks(W, run_bf16, 20.0), "forward_mxfp8 on a bf16 layer");
+  for (int r = 0; r < W; ++r)
+    EXPECT_NE(what[size_t(r)].find("needs an MXFP8 layer"), std::string::npos) << "rank " << r << ": " << what[size_t(r)];
 }
 
 TEST(Mxfp8Layer, BadWeightsAreRefusedClearly) {

@@ -83,8 +83,9 @@ struct LayerOptions {
   GemmGrouping data_grad_grouping = GemmGrouping::automatic;
   // Inspection hook (tests, debugging): called after the dispatch with the received rows
   // x[rows, hidden], their metadata [rows, 1 + 2k] (source token, local ids, weight bits; see
-  // src/ep_protocol.h) and the rows received from each rank, in host memory. The GPU engine copies
-  // them to the host for it (an extra sync): leave it empty in production.
+  // src/ep_protocol.h) and the rows received from each rank, in host memory (an MXFP8 layer's rows
+  // are packed MXFP8 rows, epmoe/mxfp8.h). The GPU engine copies them to the host for it (an extra
+  // sync): leave it empty in production.
   std::function<void(const void* rows, const int32_t* meta, const std::vector<int64_t>& rows_per_rank)> on_receive;
   // GPU engine: where its device memory (workspaces and saved contexts) comes from (epmoe/
   // device_allocator.h states the contract). Empty: cudaMalloc and a private stream-ordered pool.
@@ -160,6 +161,12 @@ class MoeLayer {
   // With `save`, also keeps what backward needs there (LayerOptions::save_policy).
   void forward(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights, const TensorView& y,
                void* stream = nullptr, MoeForwardContext* save = nullptr);
+  // An MXFP8 layer's forward on x given in the format: x e4m3[T, hidden] with its scales
+  // e8m0[T, hidden / 32] (epmoe/mxfp8.h), as the caller's previous layer produced them; the rows are
+  // dispatched as they are (no quantization here). The same y as forward() on the bf16 x they stand
+  // for. Forward-only; a bf16 layer raises Error(unsupported) on every rank alike.
+  void forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& topk_ids,
+                     const TensorView& topk_weights, const TensorView& y, void* stream = nullptr);
 
   // The gradients of the forward saved in `ctx`, given dy bf16[T, hidden] (T of that forward):
   // dx bf16[T, hidden] (written), d_topk_weights f32[T, k] (written; 0 for dropped slots) and the

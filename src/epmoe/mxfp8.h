@@ -42,4 +42,12 @@ void dequantize_rows(const uint8_t* q, const uint8_t* s, int64_t rows, int K, fl
 // fly, act before DOWN). K % 32 == 0.
 void round_trip_row(float* v, int K);
 
+// A packed row, as an MXFP8 layer dispatches its tokens: the K E4M3 elements, then the K / 32 E8M0
+// scales (K + K / 32 bytes: 0.52 of a bf16 row). Quantizing an already-MXFP8 block gives it back
+// unchanged (its largest element over the scale lies in [256, 448]), so a row quantized at its
+// source and dequantized at its destination is what the destination would have made of it.
+inline int64_t packed_row_bytes(int K) { return int64_t(K) + K / kBlock; }
+void quantize_packed_row(const bf16* x, int K, uint8_t* packed);
+void dequantize_packed_row(const uint8_t* packed, int K, float* out);
+
 }  // namespace epmoe::mx
