@@ -2,3 +2,5 @@
 epmoe_gpu_test(test_sm90_experts test_sm90_experts.cu sm90_case.cu sm90_variants.cu)
 # The kernel core alone: a dense GEMM on its ring, mainloop and tiles, each operand K- or MN-major.
 epmoe_gpu_test(test_sm90_core test_sm90_core.cu)
+# The core's FP8 wgmma (m64n128k32 e4m3) with MX promotion, against an fp64 product (issue 50).
+epmoe_gpu_test(test_sm90_fp8_core test_sm90_fp8_core.cu)
