@@ -108,6 +108,7 @@ class CpuEngine final : public MoeLayer::Engine {
         } else {  // already in the format: its bytes, as they are
           std::memcpy(dst, x.ptr<uint8_t>() + t * H, size_t(H));
           std::memcpy(dst + H, x_scale->ptr<uint8_t>() + t * blocks, size_t(blocks));
+          std::memset(dst + H + blocks, 0, wire_row_bytes - size_t(H) - size_t(blocks));
         }
       }
       recv_mx_.resize(size_t(recvd) * wire_row_bytes);

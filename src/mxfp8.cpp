@@ -81,7 +81,10 @@ void dequantize_rows(const uint8_t* q, const uint8_t* s, int64_t rows, int K, fl
     for (int c = 0; c < K; ++c) out[r * K + c] = e4m3_to_float(q[r * K + c]) * e8m0_to_float(s[r * blocks + c / kBlock]);
 }
 
-void quantize_packed_row(const bf16* x, int K, uint8_t* packed) { quantize_rows(x, 1, K, packed, packed + K); }
+void quantize_packed_row(const bf16* x, int K, uint8_t* packed) {
+  quantize_rows(x, 1, K, packed, packed + K);
+  for (int64_t i = K / kBlock; i < packed_scale_bytes(K); ++i) packed[K + i] = 0;  // (the padding)
+}
 void dequantize_packed_row(const uint8_t* packed, int K, float* out) { dequantize_rows(packed, packed + K, 1, K, out); }
 
 void round_trip_row(float* v, int K) {

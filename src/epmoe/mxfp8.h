@@ -43,10 +43,13 @@ void dequantize_rows(const uint8_t* q, const uint8_t* s, int64_t rows, int K, fl
 void round_trip_row(float* v, int K);
 
 // A packed row, as an MXFP8 layer dispatches its tokens: the K E4M3 elements, then the K / 32 E8M0
-// scales (K + K / 32 bytes: 0.52 of a bf16 row). Quantizing an already-MXFP8 block gives it back
-// unchanged (its largest element over the scale lies in [256, 448]), so a row quantized at its
-// source and dequantized at its destination is what the destination would have made of it.
-inline int64_t packed_row_bytes(int K) { return int64_t(K) + K / kBlock; }
+// scales, zero-padded to a multiple of 16 bytes so that rows stay 16-byte aligned for the GPU's
+// vector copies (K + K / 32 bytes for K % 512 == 0: 0.52 of a bf16 row). Quantizing an already-MXFP8
+// block gives it back unchanged (its largest element over the scale lies in [256, 448]), so a row
+// quantized at its source and dequantized at its destination is what the destination would have
+// made of it.
+inline int64_t packed_scale_bytes(int K) { return (int64_t(K / kBlock) + 15) / 16 * 16; }
+inline int64_t packed_row_bytes(int K) { return int64_t(K) + packed_scale_bytes(K); }
 void quantize_packed_row(const bf16* x, int K, uint8_t* packed);
 void dequantize_packed_row(const uint8_t* packed, int K, float* out);
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -18,6 +19,8 @@
 #include "kernels/ep/expert_layout.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/ep/pack_rows.cuh"
+#include "kernels/ep/pack_rows_mx.cuh"
+#include "epmoe/mxfp8.h"
 #include "test_support.h"
 
 #include "device_array.h"
@@ -319,6 +322,48 @@ TEST(PackAndReduceGpu, MatchCpu) {
       for (size_t i = 0; i < y.size(); ++i)
         ASSERT_EQ(y[i].bits, y_cpu[i].bits) << "y[" << i / H << ", " << i % H << "]";
     }
+}
+
+// An MXFP8 layer's pack: each send row quantized to a packed MXFP8 row on the device, bit for bit
+// the host's mx::quantize_packed_row (scales, E4M3 rounding and saturation, NaN blocks, the padding),
+// on rows with a NaN, an infinity, an all-zero block, saturating and subnormal values, and widths
+// whose scale bytes need padding (hidden 2048: 64, none; 160: 5, padded to 16; 7168: 224).
+TEST(PackAndReduceGpu, PackRowsMxMatchesTheHostQuantizer) {
+  REQUIRE_CUDA();
+  for (int H : {2048, 160, 7168}) {
+    SCOPED_TRACE("hidden " + std::to_string(H));
+    const int64_t T = 53, rows = 97;
+    std::vector<bf16> x = random_bf16(size_t(T) * H, mix(71, H), 1.0f);
+    for (int64_t t = 0; t < T; ++t) {  // a few rows' blocks at the format's edges
+      bf16* r = &x[size_t(t) * H];
+      if (t % 5 == 1) r[(t * 37) % H] = bf16(std::nanf(""));
+      if (t % 5 == 2) r[(t * 41) % H] = bf16(INFINITY);
+      if (t % 5 == 3)
+        for (int c = 32; c < 64; ++c) r[c] = bf16(0.0f);
+      if (t % 5 == 4)
+        for (int c = 0; c < H; ++c) r[c] = bf16(r[c].f() * (c % 64 < 32 ? 3.0e30f : 1.0e-38f));
+    }
+    std::vector<int32_t> token(rows);
+    for (int64_t r = 0; r < rows; ++r) token[size_t(r)] = int32_t(mix(73, r) % uint64_t(T));
+    const int64_t bytes = mx::packed_row_bytes(H);
+    Dev<bf16> d_x(x);
+    Dev<int32_t> d_token(token);
+    Dev<uint8_t> d_send(size_t(rows * bytes));  // (poisoned: the padding must be written too)
+    kernels::pack_rows_mx_launch(reinterpret_cast<const __nv_bfloat16*>(d_x.get()), H, d_token.get(), rows,
+                                 d_send.get(), nullptr);
+    ck(cudaDeviceSynchronize(), "sync");
+    const std::vector<uint8_t> got = d_send.host();
+    std::vector<uint8_t> want(static_cast<size_t>(bytes));
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      mx::quantize_packed_row(&x[size_t(token[size_t(r)]) * H], H, want.data());
+      for (int64_t i = 0; i < bytes; ++i)
+        if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
+          ADD_FAILURE() << "row " << r << " byte " << i << (i < H ? " (element)" : " (scale or padding)") << ": 0x"
+                        << std::hex << int(got[size_t(r * bytes + i)]) << ", want 0x" << int(want[size_t(i)]);
+    }
+    EXPECT_EQ(bad, 0);
+  }
 }
 
 }  // namespace
