@@ -106,9 +106,7 @@ class CpuEngine final : public MoeLayer::Engine {
         if (x_scale == nullptr) {
           mx::quantize_packed_row(x.ptr<bf16>() + t * H, H, dst);
         } else {  // already in the format: its bytes, as they are
-          std::memcpy(dst, x.ptr<uint8_t>() + t * H, size_t(H));
-          std::memcpy(dst + H, x_scale->ptr<uint8_t>() + t * blocks, size_t(blocks));
-          std::memset(dst + H + blocks, 0, wire_row_bytes - size_t(H) - size_t(blocks));
+          mx::pack_row(x.ptr<uint8_t>() + t * H, x_scale->ptr<uint8_t>() + t * blocks, H, dst);
         }
       }
       recv_mx_.resize(size_t(recvd) * wire_row_bytes);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "epmoe/error.h"
@@ -83,7 +84,13 @@ void dequantize_rows(const uint8_t* q, const uint8_t* s, int64_t rows, int K, fl
 
 void quantize_packed_row(const bf16* x, int K, uint8_t* packed) {
   quantize_rows(x, 1, K, packed, packed + K);
-  for (int64_t i = K / kBlock; i < packed_scale_bytes(K); ++i) packed[K + i] = 0;  // (the padding)
+  std::memset(packed + K + K / kBlock, 0, size_t(packed_scale_bytes(K) - K / kBlock));  // (the padding)
+}
+
+void pack_row(const uint8_t* q, const uint8_t* s, int K, uint8_t* packed) {
+  std::memcpy(packed, q, size_t(K));
+  std::memcpy(packed + K, s, size_t(K / kBlock));
+  std::memset(packed + K + K / kBlock, 0, size_t(packed_scale_bytes(K) - K / kBlock));
 }
 void dequantize_packed_row(const uint8_t* packed, int K, float* out) { dequantize_rows(packed, packed + K, 1, K, out); }
 

@@ -51,6 +51,8 @@ void round_trip_row(float* v, int K);
 inline int64_t packed_scale_bytes(int K) { return (int64_t(K / kBlock) + 15) / 16 * 16; }
 inline int64_t packed_row_bytes(int K) { return int64_t(K) + packed_scale_bytes(K); }
 void quantize_packed_row(const bf16* x, int K, uint8_t* packed);
+// A row already in the format (q: K E4M3 bytes, s: its K / 32 E8M0 scales) as a packed row.
+void pack_row(const uint8_t* q, const uint8_t* s, int K, uint8_t* packed);
 void dequantize_packed_row(const uint8_t* packed, int K, float* out);
 
 }  // namespace epmoe::mx
