@@ -265,7 +265,7 @@ stage_sass() {
     /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab|sm90_fused_swap/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
-           if ($0 ~ /HGMMA/) h[name]++
+           if ($0 ~ /[HQ]GMMA/) h[name]++
            if ($0 !~ /Function : / && $0 ~ /(^|[^A-Za-z0-9_])(LDL|STL)([^A-Za-z0-9_]|$)/) l[name]++ }
     END { for (i = 1; i <= nk; i++) { n = order[i]; printf "%8d %8d  %s\n", h[n] + 0, l[n] + 0, n; th += h[n]; tl += l[n] }
           printf "TOTAL %d %d %d\n", nk, th, tl }' "$dump" > /tmp/gpu_check_sass_sum.txt

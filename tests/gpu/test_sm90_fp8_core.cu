@@ -148,10 +148,12 @@ void run_fp8_gemm(int M, int N, int K, int s_lo, int s_hi, uint32_t seed) {
   for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dsa), static_cast<void*>(dsb),
                   static_cast<void*>(dc)})
     cudaFree(p);
-  // Tolerance: the products are exact (4 x 4 significant bits), each k32 block's sum is the tensor
-  // cores' (narrower than fp32: DeepGEMM measures ~14 bits kept on Hopper), each promotion one fp32
-  // fma. |err| <= 2^-12 sum |terms| bounds that with a margin of ~4x; an indexing, swizzle or scale
-  // error moves an element by an O(1) fraction of sum |terms|.
+  // Tolerance: the products are exact (4 x 4 significant bits) and each promotion is one fp32 fma,
+  // but the tensor cores sum a k32 block's 32 products in fixed point aligned to the largest one,
+  // keeping ~14 bits (DeepSeek-V3 report, sec. 3.3.2; measured 2^-11 of sum |terms| in session 48),
+  // so a block's sum may be off by 32 products' lost low bits: up to 32 * 2^-12 * max|term| each.
+  // The bound: sum over blocks of 2^-7 max|term in block|, plus 2^-20 sum|terms| for the fp32
+  // running sum. A swizzle, indexing or scale error moves an element by whole terms, far past it.
   std::vector<double> fa(a.size()), fb(b.size());
   for (size_t i = 0; i < a.size(); ++i) fa[i] = mx::e4m3_to_float(a[i]) * double(mx::e8m0_to_float(sa[i / 32]));
   for (size_t i = 0; i < b.size(); ++i) fb[i] = mx::e4m3_to_float(b[i]) * double(mx::e8m0_to_float(sb[i / 32]));
@@ -159,25 +161,32 @@ void run_fp8_gemm(int M, int N, int K, int s_lo, int s_hi, uint32_t seed) {
   double worst = 0;
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
-      double ref = 0, mag = 0;
-      for (int k = 0; k < K; ++k) {
-        const double p = fa[size_t(m) * K + k] * fb[size_t(n) * K + k];
-        ref += p;
-        mag += std::fabs(p);
+      double ref = 0, mag = 0, block_max_sum = 0;
+      for (int k0 = 0; k0 < K; k0 += 32) {
+        double block_max = 0;
+        for (int k = k0; k < k0 + 32; ++k) {
+          const double p = fa[size_t(m) * K + k] * fb[size_t(n) * K + k];
+          ref += p;
+          mag += std::fabs(p);
+          block_max = std::max(block_max, std::fabs(p));
+        }
+        block_max_sum += block_max;
       }
       const double got = c[size_t(m) * N + n], err = std::fabs(got - ref);
-      worst = std::max(worst, mag > 0 ? err / mag : err);
-      if (!(err <= std::ldexp(mag, -12)) && bad++ < 5)
-        ADD_FAILURE() << "C[" << m << "][" << n << "] = " << got << ", want " << ref << " (sum |terms| " << mag << ")";
+      const double tol = std::ldexp(block_max_sum, -7) + std::ldexp(mag, -20);
+      worst = std::max(worst, tol > 0 ? err / tol : (err > 0 ? 1e30 : 0.0));
+      if (!(err <= tol) && bad++ < 5)
+        ADD_FAILURE() << "C[" << m << "][" << n << "] = " << got << ", want " << ref << " (tolerance " << tol << ")";
     }
   EXPECT_EQ(bad, 0);
-  std::printf("[sm90 fp8 core] %dx%dx%d, scales [%d, %d]: worst |err| / sum|terms| = %.3g\n", M, N, K, s_lo, s_hi,
+  std::printf("[sm90 fp8 core] %dx%dx%d, scales [%d, %d]: worst |err| / tolerance = %.3g\n", M, N, K, s_lo, s_hi,
               worst);
 }
 
 TEST(Sm90Fp8Core, GemmOneChunk) { run_fp8_gemm(64, 128, 128, 124, 130, 1); }
 TEST(Sm90Fp8Core, GemmManyChunksAndTiles) { run_fp8_gemm(256, 384, 1024, 118, 136, 2); }
-TEST(Sm90Fp8Core, GemmWideScaleRange) { run_fp8_gemm(128, 256, 512, 64, 190, 3); }
+// Scale products 2^-100 ... 2^100: the sums stay inside fp32 (|C| < 2^100 * 448^2 * 512 < 2^127).
+TEST(Sm90Fp8Core, GemmWideScaleRange) { run_fp8_gemm(128, 256, 512, 77, 177, 3); }
 
 TEST(Sm90Fp8Core, ScaleProductIsExact) {
   if (!sm90_here()) GTEST_SKIP() << "needs a compute capability 9.0 device and an sm_90a build";
