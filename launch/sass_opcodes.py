@@ -89,7 +89,7 @@ def descriptor_copies(ops):
     """(HGMMAs, R2URs in their issue windows). A window is a run of HGMMAs at most 16 instructions
     apart, from the WARPGROUP (arrive) before its first one (or 12 instructions before it) to its last:
     where descriptors built in vector registers are copied to uniform ones, ~4 R2UR per HGMMA."""
-    at = [i for i, o in enumerate(ops) if o == "HGMMA"]
+    at = [i for i, o in enumerate(ops) if o in ("HGMMA", "QGMMA")]
     copies, g = 0, 0
     while g < len(at):
         h = g
@@ -191,10 +191,10 @@ def main(argv):
         ops = opcodes(data)
         if mode == "hist":
             c = collections.Counter(ops)
-            keys = ["HGMMA", "R2UR", "UIADD3", "UMOV", "IMAD", "VIADD", "BRA", "SYNCS"]
+            keys = ["HGMMA", "QGMMA", "R2UR", "UIADD3", "UMOV", "IMAD", "VIADD", "BRA", "SYNCS"]
             print(name[:80], len(ops), " ".join(f"{k}={c[k]}" for k in keys))
         elif mode == "loop":
-            at = [i for i, o in enumerate(ops) if o == "HGMMA"]
+            at = [i for i, o in enumerate(ops) if o in ("HGMMA", "QGMMA")]
             if at:
                 print(name[:80])
                 print(" ".join(ops[max(0, at[0] - 40):at[-1] + 20]))

@@ -1,33 +1,17 @@
 // Pack-and-quantize kernel (see pack_rows_mx.cuh). One warp per row; lane l quantizes the row's
 // MX blocks l, l + 32, ...: 32 bf16 (four 16-byte loads) -> the block's E8M0 scale and 32 E4M3 bytes
-// (two 16-byte stores), all in fp32 as mx::quantize_rows does: X = 2^(floor(log2 amax) - 8) clamped
-// to 2^[-127, 127], each element x * 2^(127 - s) (an exact power of two) converted by cvt.rn.satfinite
-// (round to nearest even, +-448 at most); a block holding a NaN or an infinity gets the
-// NaN scale and NaN codes. 64-bit row offsets.
-#include <cuda_fp8.h>
-
+// (two 16-byte stores) by mxdev::quantize_block32 (kernels/mx_device.cuh: bit-exact with
+// mx::quantize_rows). 64-bit row offsets.
 #include "epmoe/mxfp8.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/ep/pack_rows_mx.cuh"
+#include "kernels/mx_device.cuh"
 
 namespace epmoe::kernels {
 
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ __forceinline__ uint32_t e8m0_for_amax(float amax) {
-  if (!isfinite(amax)) return 0xFFu;  // (NaN or an infinity in the block)
-  if (amax == 0.0f) return 0u;
-  const int e = ilogbf(amax);  // floor(log2 amax), subnormals included
-  return uint32_t(max(-127, min(127, e - mx::kE4m3Emax)) + 127);
-}
-
-// Two fp32 -> two E4M3 (RNE, saturating), low byte from lo (cvt.rn.satfinite.e4m3x2 from sm_89 on;
-// cuda_fp8.h emulates it for the older architectures of a multi-arch build).
-__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
-  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3));
-}
 
 __global__ void pack_rows_mx_kernel(const uint4* __restrict__ x, int hidden, const int32_t* __restrict__ send_token,
                                     int64_t rows, uint8_t* __restrict__ send, int64_t row_bytes) {
@@ -48,24 +32,8 @@ __global__ void pack_rows_mx_kernel(const uint4* __restrict__ x, int hidden, con
         v[8 * q + 2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
       }
     }
-    float amax = 0.0f;
-    bool nan = false;
-#pragma unroll
-    for (int i = 0; i < 32; ++i) {
-      nan |= isnan(v[i]);
-      amax = fmaxf(amax, fabsf(v[i]));
-    }
-    const uint32_t s = nan ? 0xFFu : e8m0_for_amax(amax);
     uint32_t words[8];
-    if (s == 0xFFu) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) words[i] = 0x7F7F7F7Fu;
-    } else {
-      const float inv = ldexpf(1.0f, 127 - int(s));  // exact: a power of two, as on the host
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        words[i] = e4m3x2(v[4 * i] * inv, v[4 * i + 1] * inv) | (e4m3x2(v[4 * i + 2] * inv, v[4 * i + 3] * inv) << 16);
-    }
+    const uint32_t s = mxdev::quantize_block32(v, words);
     uint4* out = reinterpret_cast<uint4*>(dst + 32 * int64_t(b));
     out[0] = make_uint4(words[0], words[1], words[2], words[3]);
     out[1] = make_uint4(words[4], words[5], words[6], words[7]);

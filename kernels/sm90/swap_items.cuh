@@ -38,8 +38,10 @@ struct SwapItem {
   int e;       // expert
   int rows;    // its real rows (0..64; 0: nothing to compute)
 };
-// Whole warp (ballots). half_items = tiles * blocks: the items of one half.
-__device__ __forceinline__ SwapItem swap_item(const SwapArgs& a, int64_t w, int64_t tiles, int64_t half_items) {
+// Whole warp (ballots). half_items = tiles * blocks: the items of one half. Args: SwapArgs, or the
+// MX kernels' MxSwapArgs (padded_offsets, experts, pair_row).
+template <class Args>
+__device__ __forceinline__ SwapItem swap_item(const Args& a, int64_t w, int64_t tiles, int64_t half_items) {
   SwapItem it;
   const int half = w >= half_items ? 1 : 0;
   const int64_t v = w - half * half_items;

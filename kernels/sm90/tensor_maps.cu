@@ -28,22 +28,24 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 CUresult encode_raw(CUtensorMap* map, const void* base, cuuint32_t rank, const cuuint64_t* dims,
                     const cuuint64_t* strides_bytes, const cuuint32_t* box, const char* what,
                     CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B,
-                    CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+                    CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                    CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   EPMOE_CHECK(base != nullptr, ErrorCode::invalid_argument, what, ": null base pointer");
   EPMOE_CHECK(reinterpret_cast<uintptr_t>(base) % 16 == 0, ErrorCode::invalid_argument, what,
               ": base pointer must be 16-byte aligned");
   *map = CUtensorMap{};
   const cuuint32_t elem_strides[5] = {1, 1, 1, 1, 1};
-  return encode_fn()(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides_bytes, box,
+  return encode_fn()(map, dtype, rank, const_cast<void*>(base), dims, strides_bytes, box,
                      elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                      promotion, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
 }
 
 CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
                    const cuuint32_t* box, const char* what, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B,
-                   CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B) {
+                   CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CUtensorMapDataType dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
   CUtensorMap map;
-  const CUresult r = encode_raw(&map, base, rank, dims, strides_bytes, box, what, swizzle, promotion);
+  const CUresult r = encode_raw(&map, base, rank, dims, strides_bytes, box, what, swizzle, promotion, dtype);
   EPMOE_CHECK(r == CUDA_SUCCESS, ErrorCode::cuda_error, what, ": cuTensorMapEncodeTiled failed with CUresult ",
               int(r));
   return map;
@@ -137,6 +139,29 @@ CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, 
   // other CTAs' slices, not necessarily read while still in L2), so no promotion.
   return encode(w2, 3, dims, strides, box, "w2 slice map", CU_TENSOR_MAP_SWIZZLE_64B,
                 CU_TENSOR_MAP_L2_PROMOTION_NONE);
+}
+
+// E4M3 weights (one byte per element: a 128-element box row is one 128-byte swizzle row).
+CUtensorMap make_w1_swap_map_e4m3(const uint8_t* w1, int experts, int hidden, int ffn) {
+  EPMOE_CHECK(experts > 0 && hidden % 128 == 0 && ffn % 32 == 0, ErrorCode::invalid_argument,
+              "e4m3 w1 swap map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[4] = {H, 8, 2 * cuuint64_t(experts), F / 8};
+  const cuuint64_t strides[3] = {H, F * H, 8 * H};  // row, parity/expert, 8-row block
+  const cuuint32_t box[4] = {128, 8, 2, 4};
+  return encode(w1, 4, dims, strides, box, "e4m3 w1 swap map", CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_DATA_TYPE_UINT8);
+}
+
+CUtensorMap make_w2_map_e4m3(const uint8_t* w2, int experts, int hidden, int ffn, int box_rows) {
+  EPMOE_CHECK(experts > 0 && hidden % box_rows == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
+              "e4m3 w2 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {F, H * F};
+  const cuuint32_t box[3] = {128, cuuint32_t(box_rows), 1};
+  return encode(w2, 3, dims, strides, box, "e4m3 w2 map", CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_DATA_TYPE_UINT8);
 }
 
 }  // namespace epmoe::kernels::sm90

@@ -1,5 +1,6 @@
 // Host side of the sm_90a kernels: the TMA tensor maps they read and write through.
-// All maps are bf16, 128-byte swizzle, 64-element (128 B) inner box, zero fill out of bounds.
+// All maps are 128-byte swizzle with a 128-byte inner box row (64 bf16 or 128 e4m3), zero fill out of
+// bounds; bf16 unless named e4m3.
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -46,5 +47,11 @@ CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ff
 // W2 the same way with box {32, 256, 1}, SWIZZLE_64B, no L2 promotion: the fused pipeline's DOWN
 // stage, 256 rows of one item's 32 act columns (coordinate {32 j, n0, e}; rows past hidden read as 0).
 CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn);
+
+// The MX swap-AB kernels' E4M3 weights (swap_mx_kernel.cu): the same boxes with 128 one-byte
+// elements per row. W1 [E, 2 ffn, hidden]: dims {hidden, 8, 2E, ffn/8}, box {128, 8, 2, 4}, as
+// make_w1_swap_map; W2 [E, hidden, ffn]: dims {ffn, hidden, E}, box {128, box_rows, 1}.
+CUtensorMap make_w1_swap_map_e4m3(const uint8_t* w1, int experts, int hidden, int ffn);
+CUtensorMap make_w2_map_e4m3(const uint8_t* w2, int experts, int hidden, int ffn, int box_rows);
 
 }  // namespace epmoe::kernels::sm90

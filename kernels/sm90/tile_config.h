@@ -62,6 +62,22 @@ inline constexpr int kFusedStagingStride = 64 + 4;                       // floa
 inline constexpr uint32_t kFusedStagingBytes = kSwapRows * kFusedStagingStride * 4;
 inline constexpr size_t kFusedSmemBytes = 1024 + size_t(kSwapStages) * kSwapStageBytes + kFusedActBytes +
                                           kFusedStagingBytes;
+// The MX swap-AB kernels (swap_mx_kernel.cu): the swap-AB items and roles with E4M3 operands, a
+// stage = 128 K elements (one 128-byte swizzle row per weight / token row, k32 blocks 0..3) plus its
+// E8M0 scales, the weight rows' 64 x 4 and the tokens' 64 x 4 bytes, in a ring of their own (the
+// tiles keep their 1024-byte alignment). UP stages its 64 x 32 act block in fp32 (the per-block amax
+// of the requantization), DOWN its 64 x 64 output columns in bf16, in one staging buffer.
+inline constexpr int kMxSwapStages = 12;  // 96 KB of E4M3 weights in flight per SM, as the bf16 ring
+inline constexpr int kMxBK = 128;         // K per stage
+inline constexpr uint32_t kMxSwapATileBytes = kSwapWeightRows * kMxBK;  // 8 KB
+inline constexpr uint32_t kMxSwapBTileBytes = kSwapRows * kMxBK;        // 8 KB
+inline constexpr uint32_t kMxSwapStageBytes = kMxSwapATileBytes + kMxSwapBTileBytes;
+inline constexpr uint32_t kMxScaleStageBytes = (kSwapWeightRows + kSwapRows) * 4;  // 512 B
+inline constexpr int kMxUpStride = 32 + 4;  // UP staging row (floats)
+inline constexpr uint32_t kMxSwapStagingBytes =
+    kSwapRows * kMxUpStride * 4 > kSwapDownStagingBytes ? kSwapRows * kMxUpStride * 4 : kSwapDownStagingBytes;
+inline constexpr size_t kMxSwapSmemBytes = 1024 + size_t(kMxSwapStages) * (kMxSwapStageBytes + kMxScaleStageBytes) +
+                                           kMxSwapStagingBytes;
 // N of a half tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
 inline constexpr int swap_ab_n(int rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
@@ -95,6 +111,8 @@ inline constexpr size_t tall_down_smem_bytes(int experts) {
 
 static_assert(kSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the swap-AB ring exceeds shared memory");
 static_assert(kFusedSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the fused ring exceeds shared memory");
+static_assert(kMxSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX swap-AB ring exceeds shared memory");
+static_assert(kMxSwapStageBytes % 1024 == 0 && kMxSwapATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
 static_assert(kFusedDownBoxBytes <= kSwapStageBytes, "a fused DOWN stage's W2 box must fit a stage");
 static_assert(kSwapStageBytes % 1024 == 0 && kSwapATileBytes % 1024 == 0, "swap-AB tiles must keep 1024 B alignment");
 static_assert(kBM == 128, "the consumer split (2 warpgroups x 64 rows) assumes 128-row tiles");

@@ -4,3 +4,5 @@ epmoe_gpu_test(test_sm90_experts test_sm90_experts.cu sm90_case.cu sm90_variants
 epmoe_gpu_test(test_sm90_core test_sm90_core.cu)
 # The core's FP8 wgmma (m64n128k32 e4m3) with MX promotion, against an fp64 product (issue 50).
 epmoe_gpu_test(test_sm90_fp8_core test_sm90_fp8_core.cu)
+# The MX swap-AB pipeline (E4M3 + E8M0, requantized act) against a host reference (issue 50).
+epmoe_gpu_test(test_sm90_mx_swap test_sm90_mx_swap.cu)

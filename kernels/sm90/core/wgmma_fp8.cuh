@@ -61,5 +61,93 @@ __device__ __forceinline__ void promote_mx_n128(float (&acc)[64], const float (&
       }
 }
 
+// Narrow FP8 shapes for the MX swap-AB kernels (weights in M, a tile's tokens in N = 8 ... 64):
+// m64nNk32 e4m3 x e4m3 -> fp32, fragment d[4g + 2h + b] = D[16w + l/4 + 8h][8g + 2(l%4) + b], g < N/8.
+template <int N>
+struct WgmmaE4m3;
+template <>
+struct WgmmaE4m3<8> {
+  static constexpr int kAcc = 4;
+  static __device__ __forceinline__ void mma(float (&d)[4], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+template <>
+struct WgmmaE4m3<16> {
+  static constexpr int kAcc = 8;
+  static __device__ __forceinline__ void mma(float (&d)[8], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+template <>
+struct WgmmaE4m3<32> {
+  static constexpr int kAcc = 16;
+  static __device__ __forceinline__ void mma(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+template <>
+struct WgmmaE4m3<64> {
+  static constexpr int kAcc = 32;
+  static __device__ __forceinline__ void mma(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d = 1) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "setp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+
+// 2^(s - 127) as fp32, exactly (s = 0 is the subnormal 2^-127), NaN for 0xFF.
+__device__ __forceinline__ float e8m0_to_f32(uint32_t s) {
+  return __int_as_float(s == 0u ? 0x00400000 : s == 0xFFu ? 0x7FC00000 : int(s << 23));
+}
+
+// acc += part * Xa[row] * Xb[col] over an m64nN fragment: xa[h] the scale (as e8m0_to_f32) of rows
+// 16w + l/4 + 8h, xb[2g + b] that of columns 8g + 2(l%4) + b. xa * xb is exact wherever
+// e8m0_product's result is a normal number (a product of powers of two), and like it rounds to the
+// subnormal or zero power of two below that; two FP32 ops per element.
+template <int N>
+__device__ __forceinline__ void promote_mx(float (&acc)[N / 2], const float (&part)[N / 2], const float (&xa)[2],
+                                           const float (&xb)[N / 4]) {
+#pragma unroll
+  for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int i = 4 * g + 2 * h + b;
+        acc[i] = fmaf(part[i], xa[h] * xb[2 * g + b], acc[i]);
+      }
+}
+
 #endif  // EPMOE_SM90A_DEVICE
 }  // namespace epmoe::kernels::sm90

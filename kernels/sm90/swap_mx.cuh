@@ -1,0 +1,53 @@
+// The MXFP8 expert pipeline on sm_90a, swap-AB form (issue 50; the decode and small-batch path):
+// E4M3 weights and tokens with E8M0 scales per 32 along K (epmoe/mxfp8.h), the k32 FP8 wgmma of the
+// kernel core with each block's partial promoted by its two scales, act requantized to MXFP8 in UP's
+// epilogue (so DOWN streams E4M3 act as well):
+//   UP:   v[r, c] = silu(g) * u, g = x[pair_row[r]] . w1[e, c], u = x[pair_row[r]] . w1[e, ffn + c]
+//         (the dot products over the dequantized operands), act[r] = MX(v[r]) as a packed row
+//   DOWN: out[pair_row[r], :] += bf16(pair_weight[r] * (act[r] . w2[e, :]))   (bf16 reductions)
+// Rows, items and roles as the bf16 swap-AB kernels (swap_ab_kernel.cu): one 64-row half of a
+// 128-row layout tile x 64 weight rows per item, N = 8 ... 64 from the half's real rows.
+//
+// Layouts (all device pointers, 16-byte aligned):
+//   x[x_rows]       packed MX rows of hidden (mx::packed_row_bytes(hidden) bytes each: the dispatch's)
+//   w1[E, 2 ffn, hidden] E4M3, w1_scale[E, 2 ffn, hidden / 32] E8M0
+//   w2[E, hidden, ffn] E4M3,   w2_scale[E, hidden, ffn / 32] E8M0
+//   act[rows_capacity] packed MX rows of ffn (workspace; rows past a half's real rows not written)
+//   out[out_rows, hidden] bf16: zeroed before DOWN (by the caller, or by UP with zero_out)
+// Requirements (Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0, the layout
+// as for the bf16 kernels (padded_offsets, pair_row with each segment's real rows first).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace epmoe::kernels {
+
+struct MxExpertProblem {
+  const uint8_t* x = nullptr;
+  int64_t x_rows = 0;
+  const int64_t* padded_offsets = nullptr;
+  const int32_t* pair_row = nullptr;
+  const float* pair_weight = nullptr;
+  const uint8_t* w1 = nullptr;
+  const uint8_t* w1_scale = nullptr;
+  const uint8_t* w2 = nullptr;
+  const uint8_t* w2_scale = nullptr;
+  uint8_t* act = nullptr;
+  __nv_bfloat16* out = nullptr;
+  int64_t out_rows = 0;
+  int64_t rows_capacity = 0;
+  int experts = 0, hidden = 0, ffn = 0;
+  bool zero_out = false;  // UP zeroes out[0, out_rows) itself (as ExpertProblem::zero_out)
+};
+
+// Throws Error(invalid_argument) unless p meets the requirements above.
+void check_mx_expert_problem(const MxExpertProblem& p, const char* who);
+void sm90_mx_up_launch(const MxExpertProblem& p, cudaStream_t s);
+// With pdl, the programmatic dependent of the stream's previous kernel (UP): its W2 loads start early.
+void sm90_mx_down_launch(const MxExpertProblem& p, cudaStream_t s, bool pdl);
+// UP, then DOWN PDL-chained to it.
+void sm90_mx_experts_launch(const MxExpertProblem& p, cudaStream_t s);
+
+}  // namespace epmoe::kernels
