@@ -9,11 +9,10 @@
 // with the row copies. (Scales stay row-major as the format stores them: a stage needs 4 bytes per
 // row, below TMA's 16-byte box minimum.)
 //
-// Consumer, per stage: the four k32 wgmmas m64nNk32, each into one of two partial fragments, and
-// each partial promoted as soon as it lands, acc += D_q * 2^(sw + sx - 254), while the next k32 runs
-// (issue 0, 1; wait 1 -> promote 0, issue 2; wait 1 -> promote 1, issue 3; ...). At decode sizes a
-// fragment is N/2 <= 32 registers, so the promotion is N/2 FMAs per thread per k32: far below the
-// weight stream's time (8 KB per stage per SM).
+// Consumer: every k32 block's wgmma m64nNk32 into a partial fragment of its own, each promoted once
+// it lands, acc += D_q * Xw[row] * Xx[token], while the stage's later blocks are still queued. A
+// fragment is N/2 <= 32 registers, a promotion N/2 FMUL + N/2 FFMA per thread per k32. (Two partials
+// issued two blocks apart at every N: the UP at T = 1 took 11.3 us for 12.6 MB, 3.4x its floor.)
 //
 // UP's epilogue: silu(g) * u into an fp32 staging tile [64 tokens][32 act columns]: the item's 32
 // columns are exactly one MX block of each token's act row, so thread i < rows quantizes token i's
@@ -95,10 +94,26 @@ template <bool kUp, int N>
 __device__ __forceinline__ void mx_consume(const MxSwapArgs& a, const SwapItem& it, RingCursor<kMxSwapStages>& cur,
                                            const Ring<kMxSwapStages>& ring, uint32_t ring_base, uint32_t sc_base,
                                            uint32_t stg, int num_k, int wl, int lane) {
-  float acc[N / 2], p0[N / 2], p1[N / 2];
+  float acc[N / 2], part[N == 64 ? 2 : 4][N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.0f;
   const uint32_t d0 = pin_u32(smem_desc_sw128_lo(ring_base));
+  uint32_t wa[2], wb[N / 4];  // one stage's scale words (byte q: k32 block q), rows then tokens
+  auto load_scales = [&](uint32_t s) {
+    const uint32_t sc = sc_base + s * kMxScaleStageBytes;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) wa[h] = ld_shared_u32(sc + uint32_t(16 * wl + (lane >> 2) + 8 * h) * 4u);
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        wb[2 * g + b] = ld_shared_u32(sc + 4u * kSwapWeightRows + uint32_t(8 * g + 2 * (lane & 3) + b) * 4u);
+  };
+  // All four k32 wgmmas of a stage are queued before the first promotion (two at N = 64, where four
+  // partial fragments do not fit the 168 registers of a 288-thread CTA), each promotion waiting only
+  // for its own block. (Keeping wgmmas in flight across the stage loop's back edge makes ptxas
+  // serialize every wgmma: C7514.)
+  constexpr int kDepth = N == 64 ? 2 : 4;
   for (int kt = 0; kt < num_k; ++kt) {
     const uint32_t s = cur.stage();
     mbar_wait(ring.full(s), cur.parity());
@@ -110,34 +125,45 @@ __device__ __forceinline__ void mx_consume(const MxSwapArgs& a, const SwapItem& 
       wgmma_commit();
     };
     wgmma_fence();
-    mma(p0, 0);
-    mma(p1, 1);
-    // This stage's scales (row-major words: byte q = k32 block q) while the first two k32 run.
-    const uint32_t sc = sc_base + s * kMxScaleStageBytes;
-    uint32_t wa[2], wb[N / 4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) wa[h] = ld_shared_u32(sc + uint32_t(16 * wl + (lane >> 2) + 8 * h) * 4u);
-#pragma unroll
-    for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-        wb[2 * g + b] = ld_shared_u32(sc + 4u * kSwapWeightRows + uint32_t(8 * g + 2 * (lane & 3) + b) * 4u);
-    wgmma_wait<1>();
-    fence_regs(p0);
-    promote_block<N>(acc, p0, wa, wb, 0);
-    wgmma_fence();  // (p0 was read since its wgmma: fence before it is written again)
-    mma(p0, 2);
-    wgmma_wait<1>();
-    fence_regs(p1);
-    promote_block<N>(acc, p1, wa, wb, 1);
-    wgmma_fence();
-    mma(p1, 3);
-    wgmma_wait<1>();
-    fence_regs(p0);
-    promote_block<N>(acc, p0, wa, wb, 2);
-    wgmma_wait<0>();
-    fence_regs(p1);
-    promote_block<N>(acc, p1, wa, wb, 3);
+    if constexpr (kDepth == 4) {
+      mma(part[0], 0);
+      mma(part[1], 1);
+      mma(part[2], 2);
+      mma(part[3], 3);
+      load_scales(s);
+      wgmma_wait<3>();
+      fence_regs(part[0]);
+      promote_block<N>(acc, part[0], wa, wb, 0);
+      wgmma_wait<2>();
+      fence_regs(part[1]);
+      promote_block<N>(acc, part[1], wa, wb, 1);
+      wgmma_wait<1>();
+      fence_regs(part[2]);
+      promote_block<N>(acc, part[2], wa, wb, 2);
+      wgmma_wait<0>();
+      fence_regs(part[3]);
+      promote_block<N>(acc, part[3], wa, wb, 3);
+    } else {
+      mma(part[0], 0);
+      mma(part[1], 1);
+      load_scales(s);
+      wgmma_wait<1>();
+      fence_regs(part[0]);
+      promote_block<N>(acc, part[0], wa, wb, 0);
+      wgmma_fence();  // (part[0] was read since its wgmma)
+      mma(part[0], 2);
+      wgmma_wait<1>();
+      fence_regs(part[1]);
+      promote_block<N>(acc, part[1], wa, wb, 1);
+      wgmma_fence();
+      mma(part[1], 3);
+      wgmma_wait<1>();
+      fence_regs(part[0]);
+      promote_block<N>(acc, part[0], wa, wb, 2);
+      wgmma_wait<0>();
+      fence_regs(part[1]);
+      promote_block<N>(acc, part[1], wa, wb, 3);
+    }
     mbar_arrive(ring.empty(s));  // every wgmma read of the stage and this thread's scale reads are done
     cur.advance();
   }

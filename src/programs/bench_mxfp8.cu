@@ -6,8 +6,9 @@
 // Same routing and operands for both: fp32 N(0, 1) draws (weights / sqrt(K)), rounded to bf16 for the
 // bf16 path and quantized to MXFP8 (mx::quantize_rows) for the MX path; "mx vs bf16" is the relative
 // L2 distance of the two outputs (the format's end-to-end error). Each point: 50 timed replays of the
-// layer's CUDA graph, each after a write of 256 MB that evicts the L2 (so every replay streams its
-// weights from HBM as a decode step does), median; the first replays untimed.
+// layer's CUDA graph, each after a streaming read of 256 MB that evicts the L2 (so every replay streams
+// its weights from HBM as a decode step does), median; the first replays untimed. "mx up": the MX UP
+// kernel alone.
 //   epmoe_bench_mxfp8 [--shapes E,k,H,F;...] [--tokens 1,8,...] [--json FILE]
 #include <cuda_runtime.h>
 
@@ -54,18 +55,21 @@ T* zeros(size_t n) {
 
 struct Point {
   int E, k, H, F, T;
-  double bf16_auto_us, bf16_swap_us, mx_us, floor_bf16_us, floor_mx_us, mx_vs_bf16;
+  double bf16_auto_us, bf16_swap_us, mx_us, mx_up_us, floor_bf16_us, floor_mx_us, mx_vs_bf16;
   std::string auto_plan;
 };
 
-// Median µs of `reps` replays of g, each after the L2-evicting write (outside the timed events).
+// Median µs of `reps` replays of g, each after a streaming read of `evict` (outside the timed events:
+// the L2 holds none of the layer's bytes, and no dirty lines that a write would leave to drain).
 double time_graph(cudaGraphExec_t g, cudaStream_t s, void* evict, size_t evict_bytes, int reps) {
+  static unsigned* sink = zeros<unsigned>(1);
   cudaEvent_t e0, e1;
   EPMOE_CUDA_CHECK(cudaEventCreate(&e0));
   EPMOE_CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<double> us;
   for (int r = 0; r < reps + 5; ++r) {
-    EPMOE_CUDA_CHECK(cudaMemsetAsync(evict, r & 0xFF, evict_bytes, s));
+    epmoe::bench::hbm_read_kernel<<<132 * 8, 512, 0, s>>>(static_cast<const uint4*>(evict), int64_t(evict_bytes / 16),
+                                                          sink);
     EPMOE_CUDA_CHECK(cudaEventRecord(e0, s));
     EPMOE_CUDA_CHECK(cudaGraphLaunch(g, s));
     EPMOE_CUDA_CHECK(cudaEventRecord(e1, s));
@@ -193,10 +197,12 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   m.out = reinterpret_cast<__nv_bfloat16*>(m_out), m.out_rows = T, m.rows_capacity = cap;
   m.experts = E, m.hidden = H, m.ffn = F, m.zero_out = true;
   cudaGraphExec_t g_mx = capture(s, [&] { ek::sm90_mx_experts_launch(m, s); });
+  cudaGraphExec_t g_mx_up = capture(s, [&] { ek::sm90_mx_up_launch(m, s); });
 
-  Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, epmoe::to_string(auto_plan)};
+  Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, epmoe::to_string(auto_plan)};
   pt.bf16_auto_us = time_graph(g_auto, s, evict, evict_bytes, 50);
   pt.bf16_swap_us = time_graph(g_swap, s, evict, evict_bytes, 50);
+  pt.mx_up_us = time_graph(g_mx_up, s, evict, evict_bytes, 50);
   pt.mx_us = time_graph(g_mx, s, evict, evict_bytes, 50);
   const double wbytes = 3.0 * double(H) * double(F) * touched;
   pt.floor_bf16_us = wbytes * 2 / (hbm_tbs * 1e12) * 1e6;
@@ -211,7 +217,7 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
     num += (a - b) * (a - b), den += a * a;
   }
   pt.mx_vs_bf16 = den > 0 ? std::sqrt(num / den) : 0;
-  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx}) cudaGraphExecDestroy(g);
+  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up}) cudaGraphExecDestroy(g);
   for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out})
     cudaFree(q);
   return pt;
@@ -259,8 +265,8 @@ int main(int argc, char** argv) {
   void* evict = zeros<uint8_t>(evict_bytes);
   const double hbm = epmoe::bench::hbm_read_tbs(s, {{evict, evict_bytes}});
   std::printf("# epmoe_bench_mxfp8: HBM read %.2f TB/s (256 MB streamed); µs = median of 50 graph replays, L2 evicted\n", hbm);
-  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %9s %9s %9s %9s %8s  %s\n", "E", "k", "H", "F", "T", "bf16 auto",
-              "bf16 swap", "mxfp8", "floor16", "floor8", "auto/mx", "mx/flr8", "mx~bf16", "auto plan");
+  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %8s %9s %9s %9s %9s %8s  %s\n", "E", "k", "H", "F", "T", "bf16 auto",
+              "bf16 swap", "mxfp8", "mx up", "floor16", "floor8", "auto/mx", "mx/flr8", "mx~bf16", "auto plan");
   std::vector<Point> pts;
   std::stringstream ss(shapes);
   std::string sh;
@@ -273,8 +279,8 @@ int main(int argc, char** argv) {
     const Weights W = make_weights(d[0], d[2], d[3]);
     for (int T : parse_ints(tokens, ',')) {
       const Point p = run_point(W, d[1], T, hbm, evict, evict_bytes, s);
-      std::printf("  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %9.1f %9.1f %9.2f %9.2f %8.4f  %s\n", p.E, p.k, p.H, p.F,
-                  p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.floor_bf16_us, p.floor_mx_us,
+      std::printf("  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f  %s\n", p.E, p.k, p.H,
+                  p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us,
                   p.bf16_auto_us / p.mx_us, p.mx_us / p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
       std::fflush(stdout);
       pts.push_back(p);
@@ -292,10 +298,10 @@ int main(int argc, char** argv) {
       const Point& p = pts[i];
       std::fprintf(f,
                    "%s{\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %d, \"bf16_auto_us\": %.3f, "
-                   "\"bf16_swap_us\": %.3f, \"mxfp8_us\": %.3f, \"floor_bf16_us\": %.3f, \"floor_mxfp8_us\": %.3f, "
+                   "\"bf16_swap_us\": %.3f, \"mxfp8_us\": %.3f, \"mxfp8_up_us\": %.3f, \"floor_bf16_us\": %.3f, \"floor_mxfp8_us\": %.3f, "
                    "\"mx_vs_bf16_rel_l2\": %.5f, \"auto_plan\": \"%s\"}",
-                   i ? ", " : "", p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.floor_bf16_us,
-                   p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
+                   i ? ", " : "", p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us,
+                   p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -4,13 +4,14 @@
 //   host quantizer (mx::quantize_rows), y[token] = sum over its pairs of weight * (act . w2) in fp64.
 // Checks, per case:
 //   - act: every real row's packed bytes written (poisoned before); its E8M0 scales within one of the
-//     host's (a block's amax may sit at a power of two within the accumulation error) and at most 1%
-//     of its E4M3 codes differing from the host's, each by one code (an element the fp32 promotion
-//     rounds across an e4m3 rounding boundary: the GPU sums in fp32 after the tensor cores' ~14-bit
-//     k32 blocks, the host in fp64);
+//     host quantizer's (a block's amax may sit at a power of two within the GPU's error), and every
+//     element within its format's rounding (half an E4M3 step at its block scale, or the saturation
+//     past 448 X of the OCP scale rule) of a value within the GPU's stated error of the exact v (the
+//     fp32 sums of the tensor cores' ~14-bit k32 blocks, and the tanh form of silu: see slack);
+//     how many codes differ from the host quantizer's is printed;
 //   - y: relative L2 error <= 1e-2 over the whole output and <= 3e-2 for every token with output
 //     (the issue's accuracy target; what is expected is the bf16 rounding of each pair's row and of
-//     the k reductions, ~2^-9 k, plus the rare act codes above), rows without pairs exactly 0 (out
+//     the k reductions, ~2^-9 k, plus act elements one code apart), rows without pairs exactly 0 (out
 //     is poisoned, UP zeroes it in-kernel).
 // Routings: decode (T = 1, 8, 33), one expert holding 64 / 65 rows (the swap-AB N = 64 boundary and
 // an upper half with one row), uniform k = 2 over several tiles, experts without rows; shapes
@@ -162,6 +163,7 @@ void run_case(const Case& c) {
   std::vector<double> y(size_t(T) * H, 0.0);
   int64_t codes = 0, code_diff = 0, code_far = 0, scale_far = 0;
   std::vector<float> v(static_cast<size_t>(F));
+  std::vector<double> vd(static_cast<size_t>(F)), slack(static_cast<size_t>(F));
   std::vector<uint8_t> hq(static_cast<size_t>(F)), hs(static_cast<size_t>(F / 32));
   std::vector<float> adeq(static_cast<size_t>(F));
   for (int e = 0; e < E; ++e)
@@ -172,9 +174,19 @@ void run_case(const Case& c) {
       for (int f = 0; f < F; ++f) {
         const double* g = &w1.deq[(size_t(e) * 2 * F + size_t(f)) * H];
         const double* u = &w1.deq[(size_t(e) * 2 * F + size_t(F + f)) * H];
-        double sg = 0, su = 0;
-        for (int h = 0; h < H; ++h) sg += xr[h] * g[h], su += xr[h] * u[h];
-        v[size_t(f)] = float(sg / (1.0 + std::exp(-sg)) * su);
+        double sg = 0, su = 0, ag = 0, au = 0;
+        for (int h = 0; h < H; ++h) {
+          sg += xr[h] * g[h], su += xr[h] * u[h];
+          ag += std::fabs(xr[h] * g[h]), au += std::fabs(xr[h] * u[h]);
+        }
+        const double silu = sg / (1.0 + std::exp(-sg));
+        vd[size_t(f)] = silu * su;
+        v[size_t(f)] = float(vd[size_t(f)]);
+        // How far the GPU's v may be from vd before it is quantized: the dot products' fp32 sums of
+        // ~14-bit tensor-core blocks (2^-9 sum|terms|: 4x the core test's worst), through silu'
+        // (<= 1.1) and u, plus the tanh form of silu (|g| 2^-18 measured, 2^-16 here).
+        const double dg = std::ldexp(ag, -9), du = std::ldexp(au, -9);
+        slack[size_t(f)] = 1.1 * dg * (std::fabs(su) + du) + std::fabs(silu) * du + std::ldexp(std::fabs(sg * su), -16);
       }
       mx::quantize_rows(v.data(), 1, F, hq.data(), hs.data());
       const uint8_t* ar = &act[size_t(r * arb)];
@@ -182,15 +194,20 @@ void run_case(const Case& c) {
         if (std::abs(int(ar[F + b]) - int(hs[size_t(b)])) > 1) ++scale_far;
       for (int f = 0; f < F; ++f) {
         ++codes;
-        if (ar[f] != hq[size_t(f)]) {
-          ++code_diff;
-          // Same scale: one code apart (same sign, magnitudes adjacent). Scales one apart: compare values.
-          const double gv = mx::e4m3_to_float(ar[f]) * mx::e8m0_to_float(ar[F + f / 32]);
-          const double hv = mx::e4m3_to_float(hq[size_t(f)]) * mx::e8m0_to_float(hs[size_t(f / 32)]);
-          // One e4m3 step: 2^-3 of the magnitude for normals, 2^-9 X for subnormals (X the larger scale).
-          const double sub = std::ldexp(1.0, int(std::max(ar[F + f / 32], hs[size_t(f / 32)])) - 127 - 9);
-          const double step = std::max(sub, std::ldexp(std::max(std::fabs(gv), std::fabs(hv)), -3));
-          if (!(std::fabs(gv - hv) <= 1.01 * step)) ++code_far;
+        code_diff += ar[f] != hq[size_t(f)] ? 1 : 0;
+        // The GPU's element against the exact v: within the rounding of its block's format (half an
+        // E4M3 step at its scale X, or the saturation past 448 X that the OCP scale rule allows) of
+        // some value within the slack of v.
+        const double X = mx::e8m0_to_float(ar[F + f / 32]);
+        const double gv = double(mx::e4m3_to_float(ar[f])) * X;
+        const double a = std::fabs(vd[size_t(f)]) + slack[size_t(f)];
+        const double step = X * std::ldexp(1.0, std::max(-9, int(std::floor(std::log2(std::max(a / X, 1e-300)))) - 3));
+        const double bound = 0.5 * step + std::max(0.0, a - 448.0 * X) + slack[size_t(f)];
+        if (!(std::fabs(gv - vd[size_t(f)]) <= 1.0001 * bound)) {
+          if (code_far < 3)
+            ADD_FAILURE() << "act[" << r << "][" << f << "] = " << gv << ", want " << vd[size_t(f)] << " within "
+                          << bound << " (scale 2^" << int(ar[F + f / 32]) - 127 << ")";
+          ++code_far;
         }
       }
       // DOWN from the GPU's act (the act checks above bound how far it is from the host's).
@@ -204,8 +221,7 @@ void run_case(const Case& c) {
       }
     }
   EXPECT_EQ(scale_far, 0) << "act scales more than one code from the host quantizer's";
-  EXPECT_EQ(code_far, 0) << "act codes further than one e4m3 step from the host quantizer's";
-  EXPECT_LE(double(code_diff), 0.01 * double(codes)) << code_diff << " of " << codes << " act codes differ";
+  EXPECT_EQ(code_far, 0) << "act elements outside their format's rounding of the exact v";
 
   double num = 0, den = 0, worst_token = 0;
   int64_t nonzero_unrouted = 0, nonfinite = 0;
