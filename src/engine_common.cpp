@@ -105,10 +105,6 @@ void validate_gpu_options(const MoeConfig& cfg, const LayerOptions& opt) {
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
   const int64_t H = cfg.hidden, F = cfg.ffn;
-  if (device == DeviceType::cuda) {  // what the GPU engine runs today
-    EPMOE_CHECK(!w.mxfp8(), ErrorCode::unsupported,
-                "MXFP8 weights run on the CPU engine for now (cpu weights); the Hopper FP8 kernels are not built yet");
-  }
   if (!w.mxfp8()) {
     check_tensor(w.w1, "w1", DType::bf16, {El, 2 * F, H}, device);
     check_tensor(w.w2, "w2", DType::bf16, {El, H, F}, device);

@@ -25,16 +25,19 @@
 #include <cstring>
 #include <utility>
 
+#include "epmoe/mxfp8.h"
 #include "gpu_engine_impl.cuh"
 #include "kernels/backward/row_pairs.cuh"
 #include "kernels/ep/combine_reduce.cuh"
 #include "kernels/ep/dispatch_layout.cuh"
 #include "kernels/ep/expert_layout.cuh"
 #include "kernels/ep/pack_rows.cuh"
+#include "kernels/ep/pack_rows_mx.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/fallback/cublas_experts.cuh"
 #include "kernels/fallback/gather_rows.cuh"
 #include "kernels/sm90/experts.cuh"
+#include "kernels/sm90/swap_mx.cuh"
 
 namespace epmoe::gpu {
 
@@ -52,14 +55,26 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   validate_gpu_options(cfg, opt);
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
-  EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
-              ErrorCode::invalid_argument, "w1 and w2 must be 16-byte aligned");
   device_ = w.w1.device_index;
-  w1_ = w.w1.ptr<__nv_bfloat16>();
-  w2_ = w.w2.ptr<__nv_bfloat16>();
+  mx_ = w.mxfp8();
+  set_weights(w);
   DeviceGuard guard(device_);
+  if (mx_) {
+    // What the MX kernels take today; refused here, alike on every rank (same config and options).
+    EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
+                "MXFP8 weights on cuda need a compute capability 9.0 GPU and a build with sm_90a code (device ",
+                device_, ")");
+    EPMOE_CHECK(cfg.hidden % kSm90DimAlignment == 0 && cfg.ffn % kSm90DimAlignment == 0, ErrorCode::unsupported,
+                "MXFP8 weights on cuda need hidden and ffn multiples of ", kSm90DimAlignment, " (got hidden ",
+                cfg.hidden, ", ffn ", cfg.ffn, ")");
+    EPMOE_CHECK(opt.expert_path == ExpertPath::automatic || opt.expert_path == ExpertPath::sm90,
+                ErrorCode::unsupported, "an MXFP8 layer runs the sm_90 MX kernels: expert_path must be automatic or sm90");
+    EPMOE_CHECK(opt.max_tokens_per_rank == 0 && !opt.deterministic && opt.sm90_plan.empty(), ErrorCode::unsupported,
+                "an MXFP8 layer on cuda has no capturable forward (max_tokens_per_rank), no deterministic mode and "
+                "no sm90_plan override yet");
+  }
 
-  switch (opt.expert_path) {
+  switch (mx_ ? ExpertPath::sm90 : opt.expert_path) {
     case ExpertPath::automatic:  // (dims the sm_90 kernels do not take run on cuBLAS)
       path = kernels::sm90_experts_supported(device_) && sm90_dims(cfg.hidden, cfg.ffn) ? ExpertPath::sm90
                                                                                        : ExpertPath::cublas;
@@ -175,10 +190,28 @@ void GpuEngine::bind_weights(const ExpertWeights& w) {
   EPMOE_CHECK(w.w1.device_index == device_ && w.w2.device_index == device_, ErrorCode::invalid_argument,
               "bind_weights: w1 / w2 on cuda:", w.w1.device_index, " / cuda:", w.w2.device_index,
               " but the layer runs on cuda:", device_);
-  EPMOE_CHECK(reinterpret_cast<uintptr_t>(w.w1.data) % 16 == 0 && reinterpret_cast<uintptr_t>(w.w2.data) % 16 == 0,
-              ErrorCode::invalid_argument, "w1 and w2 must be 16-byte aligned");
-  w1_ = w.w1.ptr<__nv_bfloat16>();
-  w2_ = w.w2.ptr<__nv_bfloat16>();
+  EPMOE_CHECK(w.mxfp8() == mx_, ErrorCode::invalid_argument, "bind_weights: the layer was built with ",
+              mx_ ? "MXFP8" : "bf16", " weights; these are ", w.mxfp8() ? "MXFP8" : "bf16");
+  set_weights(w);
+}
+
+void GpuEngine::set_weights(const ExpertWeights& w) {
+  auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
+  EPMOE_CHECK(aligned(w.w1) && aligned(w.w2) && (!w.mxfp8() || (aligned(w.w1_scale) && aligned(w.w2_scale))),
+              ErrorCode::invalid_argument, "w1 and w2 (and their scales) must be 16-byte aligned");
+  if (w.mxfp8()) {
+    EPMOE_CHECK(w.w1_scale.device_index == device_ && w.w2_scale.device_index == device_,
+                ErrorCode::invalid_argument, "w1_scale / w2_scale must be on cuda:", device_, " with the weights");
+    w1q_ = w.w1.ptr<uint8_t>(), w1s_ = w.w1_scale.ptr<uint8_t>();
+    w2q_ = w.w2.ptr<uint8_t>(), w2s_ = w.w2_scale.ptr<uint8_t>();
+  } else {
+    w1_ = w.w1.ptr<__nv_bfloat16>();
+    w2_ = w.w2.ptr<__nv_bfloat16>();
+  }
+}
+
+size_t GpuEngine::wire_row_bytes() const {
+  return mx_ ? size_t(mx::packed_row_bytes(cfg.hidden)) : size_t(cfg.hidden) * sizeof(bf16);
 }
 
 GpuDispatchView GpuEngine::dispatch_view() const {
@@ -231,7 +264,7 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
   last_rows_per_rank_.assign(cfg.world_size, 0);
   Forward f;
   f.save = save;
-  f.T = route_tokens(x, ids, wts, y, s);
+  f.T = route_tokens(x, ids, wts, y, s, save != nullptr);
   exchange_counts(f, s);
   if (save) begin_save(f, *save, s);
   dispatch(x, f, s);
@@ -256,11 +289,15 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
 // headers. A bad argument becomes this rank's status with zero rows, so the count exchange fails
 // every rank alike. Returns T (0 after a bad argument).
 int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts,
-                                const TensorView& y, cudaStream_t s) {
+                                const TensorView& y, cudaStream_t s, bool saving) {
   NvtxRange range("layout");
   const int W = cfg.world_size, El = cfg.experts_per_rank(), k = cfg.top_k;
   const size_t meta_bytes = size_t(protocol::meta_words(k)) * sizeof(int32_t);
   protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
+  if (status.ok() && mx_ && saving) {
+    status.code = ErrorCode::unsupported;
+    status.text = "an MXFP8 layer is forward-only: a forward that saves for backward is not supported";
+  }
   if (status.ok()) status = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
     status.code = ErrorCode::unsupported;
@@ -357,7 +394,7 @@ void GpuEngine::exchange_counts(Forward& f, cudaStream_t s) {
   stats.tokens = f.T;
   stats.send_rows = f.send_rows;
   stats.recv_rows = f.plan.recv_rows;
-  stats.dispatch_bytes = f.S * int64_t(row_bytes + meta_bytes);
+  stats.dispatch_bytes = f.S * int64_t(wire_row_bytes() + meta_bytes);
   stats.combine_bytes = f.R * int64_t(row_bytes);
   stats.expert_pairs = f.plan.total_pairs();
 }
@@ -367,16 +404,17 @@ void GpuEngine::exchange_counts(Forward& f, cudaStream_t s) {
 void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) {
   NvtxRange range("dispatch");
   const int H = cfg.hidden, F = cfg.ffn, El = cfg.experts_per_rank();
-  const size_t row_bytes = size_t(H) * sizeof(bf16);
+  const size_t row_bytes = size_t(H) * sizeof(bf16), wire_bytes = wire_row_bytes();
   const size_t meta_bytes = size_t(protocol::meta_words(cfg.top_k)) * sizeof(int32_t);
   const int64_t S = f.S, R = f.R, P = f.P;
   // Safe to reallocate: the host wait of the exchange drained `s`, which waited for the previous forward.
-  send_x_.ensure(size_t(S) * row_bytes);
-  recv_x_.ensure(size_t(R) * row_bytes);
+  send_x_.ensure(size_t(S) * std::max(row_bytes, wire_bytes));  // (it receives the combine's bf16 rows too)
+  recv_x_.ensure(size_t(R) * wire_bytes);
   recv_meta_.ensure(size_t(R) * meta_bytes);
   combine_.ensure(size_t(R) * row_bytes);
   if (path == ExpertPath::cublas) xs_.ensure(size_t(P) * row_bytes);  // the sm90 UP gathers from recv_x_ itself
-  act_.ensure(size_t(P) * F * sizeof(bf16));
+  // act: bf16 rows, or packed MXFP8 rows of ffn (the MX UP requantizes it for DOWN).
+  act_.ensure(size_t(P) * (mx_ ? size_t(mx::packed_row_bytes(F)) : F * sizeof(bf16)));
   pair_row_.ensure(size_t(P) * sizeof(int32_t));
   pair_weight_.ensure(size_t(P) * sizeof(float));
   expert_ws_.ensure(kernels::expert_layout_workspace_bytes(R, El));
@@ -389,9 +427,11 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   if (R > 0) EPMOE_CUDA_CHECK(cudaMemsetAsync(combine_.as<void>(), 0, size_t(R) * row_bytes, side_));
   EPMOE_CUDA_CHECK(cudaEventRecord(ev_zeroed_, side_));
 
-  kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
+  // An MXFP8 layer sends packed MXFP8 rows, quantized here at the source (0.52 of the bytes).
+  if (mx_) kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
+  else kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
   const AlltoallvPlane planes[2] = {
-      protocol::make_plane(send_x_.as<void>(), recv_x_.as<void>(), f.send_rows, f.plan.recv_rows, row_bytes),
+      protocol::make_plane(send_x_.as<void>(), recv_x_.as<void>(), f.send_rows, f.plan.recv_rows, wire_bytes),
       protocol::make_plane(send_meta_.as<void>(), recv_meta_.as<void>(), f.send_rows, f.plan.recv_rows, meta_bytes)};
   comm_->alltoallv(planes);
   record(kDispatchEnd, s);
@@ -401,10 +441,10 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   if (opt_.on_receive) {  // inspection hook: a second host sync, only when asked for
     const int mw = protocol::meta_words(cfg.top_k);
     comm_->host_wait(s, "on_receive");
-    std::vector<bf16> rows(size_t(R) * H);
+    std::vector<uint8_t> rows(size_t(R) * wire_bytes);  // bf16 rows, or packed MXFP8 rows
     std::vector<int32_t> meta(size_t(R) * mw);
     if (R > 0) {
-      EPMOE_CUDA_CHECK(cudaMemcpy(rows.data(), recv_x_.as<void>(), rows.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+      EPMOE_CUDA_CHECK(cudaMemcpy(rows.data(), recv_x_.as<void>(), rows.size(), cudaMemcpyDeviceToHost));
       EPMOE_CUDA_CHECK(cudaMemcpy(meta.data(), recv_meta_.as<void>(), meta.size() * 4, cudaMemcpyDeviceToHost));
     }
     opt_.on_receive(rows.data(), meta.data(), f.plan.recv_rows);
@@ -448,7 +488,16 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       det_pair_out_.ensure(size_t(P) * cfg.hidden * sizeof(bf16));
       prob.pair_out = det_pair_out_.as<__nv_bfloat16>();
     }
-    if (saving_h) {
+    if (mx_) {
+      kernels::MxExpertProblem m;
+      m.x = recv_x_.as<uint8_t>(), m.x_rows = R;
+      m.padded_offsets = d_expert_off_, m.pair_row = pair_row_.as<int32_t>(), m.pair_weight = pair_weight_.as<float>();
+      m.w1 = w1q_, m.w1_scale = w1s_, m.w2 = w2q_, m.w2_scale = w2s_;
+      m.act = act_.as<uint8_t>();
+      m.out = combine_.as<__nv_bfloat16>(), m.out_rows = R;
+      m.rows_capacity = P, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
+      kernels::sm90_mx_experts_launch(m, s);
+    } else if (saving_h) {
       run_experts_saving_h(f, prob, s);
     } else if (path == ExpertPath::sm90) {
       // The override was checked against this shape at construction, so resolving cannot fail here

@@ -87,7 +87,7 @@ class GpuEngine final : public MoeLayer::Engine {
   void run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, cudaStream_t s,
            GpuSaved* save);
   int64_t route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                       cudaStream_t s);
+                       cudaStream_t s, bool saving);
   void exchange_counts(Forward& f, cudaStream_t s);
   void dispatch(const TensorView& x, const Forward& f, cudaStream_t s);
   void run_experts(const Forward& f, cudaStream_t s);
@@ -119,6 +119,12 @@ class GpuEngine final : public MoeLayer::Engine {
   int device_ = 0;
   const __nv_bfloat16* w1_ = nullptr;
   const __nv_bfloat16* w2_ = nullptr;
+  // An MXFP8 layer (ExpertWeights::mxfp8): its E4M3 weights and E8M0 scales (w1_ / w2_ stay null),
+  // run by the MX swap-AB kernels (kernels/sm90/swap_mx.cuh); forward-only, not capturable.
+  bool mx_ = false;
+  const uint8_t *w1q_ = nullptr, *w1s_ = nullptr, *w2q_ = nullptr, *w2s_ = nullptr;
+  void set_weights(const ExpertWeights& w);
+  size_t wire_row_bytes() const;  // a dispatched row: bf16, or a packed MXFP8 row
 
   cudaStream_t side_ = nullptr;
   cudaEvent_t ev_done_ = nullptr, ev_fork_ = nullptr, ev_zeroed_ = nullptr;
