@@ -21,6 +21,8 @@
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_decode   epmoe_bench_experts --forms at issue 48's decode shapes (auto, 128-row, swap-AB and fused
 #                  side by side with the weight floor) + baseline_moe.py on them (compare_decode.txt)
+#   bench_mxfp8    epmoe_bench_mxfp8: the MXFP8 layer beside the bf16 one at decode sizes, both weight
+#                  floors, L2 evicted per replay (logs/bench_mxfp8.json)
 #   bench_capturable  epmoe_bench_capturable: forward_capturable under graph replay at T = 0..512 vs the
 #                  regular forward vs the weight-streaming floor (logs/bench_capturable.json)
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
@@ -260,9 +262,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_swap_ab* / *sm90_fused_swap*: HGMMA lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab|sm90_fused_swap/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /[HQ]GMMA/) h[name]++
@@ -328,6 +330,9 @@ stage_sanitizer() {
   # swap-AB) and the layout kernels
   sanitize_one test_sm90_experts '*SmallE4K2H256F256T64*' $(( left / 10 )) initcheck,synccheck || rc=1
   sanitize_one test_layout_gpu '*' $(( left / 20 )) initcheck,synccheck || rc=1
+  # the MX swap-AB kernels (UP with the act requantization, DOWN): one and two k stages, N 8 and 64
+  sanitize_one test_sm90_mx_swap '*SmallestShape*:*SixtyFiveRows*' $(( left / 10 )) memcheck,racecheck || rc=1
+  sanitize_one test_sm90_mx_swap '*SmallestShape*' $(( left / 20 )) initcheck,synccheck || rc=1
   # the backward's kernels: the sm_90 wgrad kernel (h/f 256 cases), the SwiGLU backward, the row-pair
   # map and reduce, the weight-gradient scatter; T = 0 / 1 and nothing routed
   sanitize_one test_backward_gpu '*h256_f256_w1_uniform_sm90*:*T1:*T0:*all_dropped*' $(( left / 5 )) \
@@ -385,6 +390,17 @@ stage_bench_decode() {
             awk -F'|' '{split($2, a, " "); split($3, b, " "); split($4, c, " "); printf "T=1: auto %s us, torch %s us, floor %s us", a[1], b[1], c[1]}')
   KEY_FIG="${KEY_FIG:-no table} [bench rc $rc, baseline rc $rcb]"
   (( rc == 0 && rcb == 0 ))
+}
+
+# The MXFP8 layer (MX swap-AB kernels) beside the bf16 one at decode sizes, both weight floors.
+stage_bench_mxfp8() {
+  local bin=$BUILD/src/programs/epmoe_bench_mxfp8 rc=0
+  [[ -x $bin ]] || { KEY_FIG="missing $bin"; return 1; }
+  tmo --max $(( STAGE_DEADLINE - SECONDS )) "$bin" --shapes "32,4,2048,1024;128,8,2048,768" --tokens 1,8,64,128 \
+    --json "$LOGS/bench_mxfp8.json" || rc=$?
+  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | awk '{printf "T=1: mxfp8 %s us, bf16 auto %s us, mx floor %s us", $8, $6, $11}')
+  KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
+  return $rc
 }
 
 # The capturable forward at decode sizes (graph replay vs the regular forward vs the weight floor).
@@ -524,6 +540,7 @@ run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_decode 120 stage_bench_decode
+run_stage bench_mxfp8 90 stage_bench_mxfp8
 run_stage bench_capturable 90 stage_bench_capturable
 run_stage bench_ep 180 stage_bench_ep
 run_stage bench_train 240 stage_bench_train
