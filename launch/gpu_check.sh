@@ -23,6 +23,8 @@
 #                  side by side with the weight floor) + baseline_moe.py on them (compare_decode.txt)
 #   bench_mxfp8    epmoe_bench_mxfp8: the MXFP8 layer beside the bf16 one at decode sizes, both weight
 #                  floors, L2 evicted per replay (logs/bench_mxfp8.json)
+#   bench_dims16   epmoe_bench_experts at hidden / ffn multiples of 16 beside the nearest multiples of 128
+#                  (same E, k, T), launch/dims16_compare.py: time per FLOP ratio (issue 48, goal <= 1.10)
 #   bench_capturable  epmoe_bench_capturable: forward_capturable under graph replay at T = 0..512 vs the
 #                  regular forward vs the weight-streaming floor (logs/bench_capturable.json)
 #   bench_ep       mpirun epmoe_bench_ep + launch/ep_baseline.py + launch/compare_ep.py
@@ -403,6 +405,21 @@ stage_bench_mxfp8() {
   return $rc
 }
 
+# Dims that are multiples of 16, not of 128, beside the nearest multiples of 128 (time per FLOP).
+DIMS16_SHAPES="32,4,2048,1024,16384 32,4,2064,1040,16384 32,4,2048,1040,16384 32,4,2064,1024,16384
+  32,4,2048,1024,128 32,4,2064,1040,128 32,4,2048,1024,1 32,4,2064,1040,1
+  32,8,7168,2048,2048 32,8,7168,2064,2048 32,8,7184,2048,2048"
+stage_bench_dims16() {
+  local bin=$BUILD/src/programs/epmoe_bench_experts rc=0 args=() sh
+  for sh in $DIMS16_SHAPES; do args+=(--shape "$sh"); done
+  [[ -x $bin ]] || { KEY_FIG="missing $bin"; return 1; }
+  tmo --max $(( STAGE_DEADLINE - SECONDS - 5 )) "$bin" "${args[@]}" --json "$LOGS/bench_dims16.json" || rc=$?
+  [[ -f $LOGS/bench_dims16.json ]] && { python3 launch/dims16_compare.py "$LOGS/bench_dims16.json" || rc=1; }
+  KEY_FIG=$(grep -E '^ +32 +4 +2064 +1040 +16384 \|' "$CUR_LOG" | tail -1 | awk -F'|' '{split($4, a, " "); printf "2064/1040 T=16k: time/FLOP %s x of 2048/1024", a[1]}')
+  KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
+  return $rc
+}
+
 # The capturable forward at decode sizes (graph replay vs the regular forward vs the weight floor).
 stage_bench_capturable() {
   local bin=$BUILD/src/programs/epmoe_bench_capturable
@@ -541,6 +558,7 @@ run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_decode 120 stage_bench_decode
 run_stage bench_mxfp8 90 stage_bench_mxfp8
+run_stage bench_dims16 90 stage_bench_dims16
 run_stage bench_capturable 90 stage_bench_capturable
 run_stage bench_ep 180 stage_bench_ep
 run_stage bench_train 240 stage_bench_train

@@ -55,9 +55,6 @@ protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x
 // Checks w1/w2 shapes for this rank (throws: construction is local and before any collective
 // except the configuration agreement, which runs first).
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device);
-// The GPU engine's options against its dims: the sm_90 path, an sm_90 plan override and the
-// capturable forward need sm90_dims (moe_config.h); Error(unsupported) otherwise (throws).
-void validate_gpu_options(const MoeConfig& cfg, const LayerOptions& opt);
 // The same for backward's arguments against the saved forward (T = that forward's tokens): dy, dx
 // bf16[T, hidden], d_topk_weights f32[T, k], dw1 / dw2 of ExpertWeights' shapes in bf16 or f32;
 // ctx saved by `engine`.

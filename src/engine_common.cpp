@@ -91,17 +91,6 @@ protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardCo
   return s;
 }
 
-void validate_gpu_options(const MoeConfig& cfg, const LayerOptions& opt) {
-  if (sm90_dims(cfg.hidden, cfg.ffn)) return;
-  const char* what = opt.expert_path == ExpertPath::sm90 ? "expert_path sm90"
-                     : !opt.sm90_plan.empty()            ? "an sm90_plan override"
-                     : opt.max_tokens_per_rank > 0       ? "the capturable forward (max_tokens_per_rank, sm_90 only)"
-                                                         : nullptr;
-  EPMOE_CHECK(what == nullptr, ErrorCode::unsupported, what, " needs hidden and ffn multiples of ", kSm90DimAlignment,
-              " (got hidden ", cfg.hidden, ", ffn ", cfg.ffn, "); the cuBLAS path (expert_path automatic or cublas) runs "
-              "multiples of ", kDimAlignment);
-}
-
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
   const int64_t H = cfg.hidden, F = cfg.ffn;

@@ -52,7 +52,6 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
               "the GPU engine (cuda weights) needs a device communicator (NCCL), got '", comm_->name(), "'");
   cfg.validate();
   validate_weights(cfg, w, DeviceType::cuda);
-  validate_gpu_options(cfg, opt);
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
   device_ = w.w1.device_index;
@@ -64,8 +63,8 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
     EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
                 "MXFP8 weights on cuda need a compute capability 9.0 GPU and a build with sm_90a code (device ",
                 device_, ")");
-    EPMOE_CHECK(cfg.hidden % kSm90DimAlignment == 0 && cfg.ffn % kSm90DimAlignment == 0, ErrorCode::unsupported,
-                "MXFP8 weights on cuda need hidden and ffn multiples of ", kSm90DimAlignment, " (got hidden ",
+    EPMOE_CHECK(cfg.hidden % mx::kGpuDimAlignment == 0 && cfg.ffn % mx::kGpuDimAlignment == 0, ErrorCode::unsupported,
+                "MXFP8 weights on cuda need hidden and ffn multiples of ", mx::kGpuDimAlignment, " (got hidden ",
                 cfg.hidden, ", ffn ", cfg.ffn, ")");
     EPMOE_CHECK(opt.expert_path == ExpertPath::automatic || opt.expert_path == ExpertPath::sm90,
                 ErrorCode::unsupported, "an MXFP8 layer runs the sm_90 MX kernels: expert_path must be automatic or sm90");
@@ -75,9 +74,8 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   }
 
   switch (mx_ ? ExpertPath::sm90 : opt.expert_path) {
-    case ExpertPath::automatic:  // (dims the sm_90 kernels do not take run on cuBLAS)
-      path = kernels::sm90_experts_supported(device_) && sm90_dims(cfg.hidden, cfg.ffn) ? ExpertPath::sm90
-                                                                                       : ExpertPath::cublas;
+    case ExpertPath::automatic:
+      path = kernels::sm90_experts_supported(device_) ? ExpertPath::sm90 : ExpertPath::cublas;
       break;
     case ExpertPath::sm90:
       EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,

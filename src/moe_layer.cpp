@@ -17,7 +17,6 @@ MoeLayer::MoeLayer(const MoeConfig& cfg, const ExpertWeights& weights, std::shar
   try {
     cfg.validate();
     validate_weights(cfg, weights, dev);
-    if (dev == DeviceType::cuda) validate_gpu_options(cfg, options);
     if (!options.sm90_plan.empty()) {
       // The override must hold for every forward's shape; only the row count varies, and no rule of
       // check_sm90_plan depends on it.

@@ -46,32 +46,6 @@ TEST(MoeConfig, AcceptsMultiplesOf16) {
   EXPECT_NO_THROW(c.validate());
 }
 
-// The GPU engine's rule for such dims: cuBLAS (the automatic path) takes them; what only the sm_90
-// kernels run refuses them with Error(unsupported) naming the rule.
-TEST(MoeConfig, GpuOptionsAtDimsTheSm90KernelsDoNotTake) {
-  auto c = good();
-  c.hidden = 144;
-  c.ffn = 80;
-  LayerOptions opt;
-  EXPECT_NO_THROW(validate_gpu_options(c, opt));
-  opt.expert_path = ExpertPath::cublas;
-  EXPECT_NO_THROW(validate_gpu_options(c, opt));
-  for (int refusal = 0; refusal < 3; ++refusal) {
-    LayerOptions bad;
-    if (refusal == 0) bad.expert_path = ExpertPath::sm90;
-    if (refusal == 1) bad.sm90_plan = parse_sm90_plan_override("swap=on");
-    if (refusal == 2) bad.max_tokens_per_rank = 64;
-    try {
-      validate_gpu_options(c, bad);
-      ADD_FAILURE() << "refusal " << refusal << " accepted at hidden 144 ffn 80";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::unsupported);
-      EXPECT_NE(std::string(e.what()).find("multiples of 128 (got hidden 144, ffn 80)"), std::string::npos) << e.what();
-    }
-    EXPECT_NO_THROW(validate_gpu_options(good(), bad)) << "refusal " << refusal << " at 2048 / 1024";
-  }
-}
-
 TEST(MoeConfig, AgreementWordsIgnoreRank) {
   auto a = good(), b = good();
   b.rank = 3;

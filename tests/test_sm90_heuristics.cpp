@@ -181,6 +181,14 @@ const std::vector<GoldenRow>& golden_table() {
       {256, 8, 7168, 2048, 4096,
        {.up_form = kPairs, .up_order = kGlobal, .down_order = kGlobal, .down_cluster = false, .up_split = false,
         .down_split = false, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true}},
+      // Dims multiples of 16, not of 128: ffn 2064 leaves the pairs (ffn % 256) and the 192-row UP
+      // (ffn % 128) out, the 192-row DOWN stays; hidden 7184 with ffn 2048 keeps both.
+      {32, 8, 7168, 2064, 2048,
+       {.up_form = kSingle, .up_order = kByExpert, .down_order = kByExpert, .down_cluster = false, .up_split = false,
+        .down_split = true, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true}},
+      {32, 8, 7184, 2048, 2048,
+       {.up_form = kPairs, .up_order = kByExpert, .down_order = kByExpert, .down_cluster = false, .up_split = true,
+        .down_split = true, .split_ctas = 132, .up_pad_halves = false, .down_pad_halves = false, .tail_split = true}},
   };
   return rows;
 }
@@ -402,8 +410,17 @@ TEST(Sm90Heuristics, CheckRejectsInvalidPlans) {
   fixed.fused = true;
   bad.swap_ab = false;
   expect_rejected(bad, fixed, s2048, "fused=on");
+  // The 192-row UP needs ffn % 128 == 0 (its interleaved W1 map); the 192-row DOWN takes any hidden.
+  const Sm90Shape s2064{32, 7168, 2064, 1 << 16}, h7184{32, 7184, 2048, 1 << 16};
+  fixed = choose_sm90_plan(s2064, kH200);  // single, by expert, split=down
+  bad = fixed;
+  bad.up_split = true;
+  expect_rejected(bad, fixed, s2064, "split=up");
+  EXPECT_NE(reason_of(error_of([&] { check_sm90_plan(bad, s2064); })->what()).find("ffn % 128"), std::string::npos);
+  EXPECT_FALSE(resolve_sm90_plan(s2064, kH200, epmoe::parse_sm90_plan_override("order=expert")).up_split);
+  EXPECT_TRUE(choose_sm90_plan(h7184, kH200).up_split);
   // Shapes the kernels cannot run at all, whatever the plan.
-  for (const Sm90Shape& s : {Sm90Shape{32, 2000, 1024, 4096}, Sm90Shape{32, 2048, 1000, 4096}, Sm90Shape{0, 2048, 1024, 4096},
+  for (const Sm90Shape& s : {Sm90Shape{32, 2008, 1024, 4096}, Sm90Shape{32, 2048, 1000, 4096}, Sm90Shape{0, 2048, 1024, 4096},
                              Sm90Shape{32, 0, 1024, 4096}, Sm90Shape{32, 2048, 0, 4096}, Sm90Shape{32, 2048, 1024, 0},
                              Sm90Shape{-1, 2048, 1024, 4096}}) {
     const auto e = error_of([&] { check_sm90_plan(base, s); });

@@ -46,14 +46,14 @@ TEST(Sm90ProblemChecks, RejectsWhatTheKernelsCannotRun) {
     }
   };
   auto p = good_problem();
-  p.hidden = 200;
-  expect_bad(p, "hidden % 128", "hidden");
+  p.hidden = 200;  // a multiple of 8, not of 16
+  expect_bad(p, "hidden % 16", "hidden");
   p = good_problem();
   p.ffn = 0;
   expect_bad(p, "ffn 0", "ffn");
   p = good_problem();
-  p.ffn = 320;
-  expect_bad(p, "ffn % 128", "ffn");
+  p.ffn = 328;
+  expect_bad(p, "ffn % 16", "ffn");
   p = good_problem();
   p.experts = 0;
   expect_bad(p, "no experts", "experts");

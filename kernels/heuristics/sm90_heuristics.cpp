@@ -16,7 +16,7 @@ using namespace sm90;
 
 namespace {
 int64_t row_tiles(const Sm90Shape& s) { return (s.rows_capacity + kBM - 1) / kBM; }
-int up_blocks(const Sm90Shape& s) { return s.ffn / 128; }
+int up_blocks(const Sm90Shape& s) { return ceil_div(s.ffn, 128); }
 int down_blocks(const Sm90Shape& s) { return (s.hidden + kBN - 1) / kBN; }
 }  // namespace
 
@@ -55,7 +55,7 @@ Sm90Plan choose_sm90_plan(const Sm90Shape& s, const Sm90Device& d) {
   p.up_order = wide && sm90_by_expert_fits(s.experts, kUpStagingBytes) ? Sm90Order::by_expert : Sm90Order::global;
   p.down_order = wide && sm90_by_expert_fits(s.experts, kDownStagingBytes) ? Sm90Order::by_expert : Sm90Order::global;
   // The 192-row halves run by expert, where their own schedule fits.
-  p.up_split = p.up_order == Sm90Order::by_expert && fits_smem(tall_up_smem_bytes(s.experts));
+  p.up_split = p.up_order == Sm90Order::by_expert && tall_up_dims(s.ffn) && fits_smem(tall_up_smem_bytes(s.experts));
   p.down_split = p.down_order == Sm90Order::by_expert &&
                  fits_smem(tall_down_smem_bytes(s.experts), kTallStaticSmemReserve);
   p.split_ctas = std::max(d.sms, 1);
@@ -78,8 +78,8 @@ Sm90Plan choose_sm90_plan(const Sm90Shape& s, const Sm90Device& d) {
 }
 
 void check_sm90_plan(const Sm90Plan& p, const Sm90Shape& s) {
-  EPMOE_CHECK(s.experts > 0 && s.hidden > 0 && s.hidden % 128 == 0 && s.ffn > 0 && s.ffn % 128 == 0 &&
-                  s.rows_capacity > 0,
+  EPMOE_CHECK(s.experts > 0 && s.hidden > 0 && s.hidden % kDimMultiple == 0 && s.ffn > 0 &&
+                  s.ffn % kDimMultiple == 0 && s.rows_capacity > 0,
               ErrorCode::invalid_argument, "sm90 plan: bad shape E=", s.experts, " hidden=", s.hidden,
               " ffn=", s.ffn, " rows_capacity=", s.rows_capacity);
   const std::string plan = to_string(p);
@@ -94,6 +94,8 @@ void check_sm90_plan(const Sm90Plan& p, const Sm90Shape& s) {
   EPMOE_CHECK(!p.up_split || (p.up_order == Sm90Order::by_expert && fits_smem(tall_up_smem_bytes(s.experts))),
               ErrorCode::invalid_argument, "sm90 plan '", plan,
               "': split=up needs up_order=expert and a 192-row UP schedule that fits (E = ", s.experts, ")");
+  EPMOE_CHECK(!p.up_split || tall_up_dims(s.ffn), ErrorCode::invalid_argument, "sm90 plan '", plan,
+              "': split=up needs ffn % 128 == 0 (the 192-row UP's W1 blocks), ffn = ", s.ffn);
   EPMOE_CHECK(!p.down_split || (p.down_order == Sm90Order::by_expert &&
                                 fits_smem(tall_down_smem_bytes(s.experts), kTallStaticSmemReserve)),
               ErrorCode::invalid_argument, "sm90 plan '", plan,
@@ -106,8 +108,6 @@ void check_sm90_plan(const Sm90Plan& p, const Sm90Shape& s) {
               "': pad=down needs down=single");
   EPMOE_CHECK(!p.fused || p.swap_ab, ErrorCode::invalid_argument, "sm90 plan '", plan,
               "': fused=on needs swap=on (the fused pipeline is built in the swap-AB form only)");
-  EPMOE_CHECK(!p.fused || (s.ffn % 32 == 0 && s.hidden % 128 == 0), ErrorCode::invalid_argument, "sm90 plan '",
-              plan, "': fused=on needs ffn % 32 == 0 and hidden % 128 == 0");
 }
 
 Sm90Plan resolve_sm90_plan(const Sm90Shape& s, const Sm90Device& d, const Sm90PlanOverride& o) {
@@ -116,7 +116,8 @@ Sm90Plan resolve_sm90_plan(const Sm90Shape& s, const Sm90Device& d, const Sm90Pl
   // dropped, not an error (padding halves are single-CTA only, the split needs the by-expert order).
   if (!o.up_pad_halves && p.up_form != Sm90UpForm::single) p.up_pad_halves = false;
   if (!o.down_pad_halves && p.down_cluster) p.down_pad_halves = false;
-  if (!o.up_split && (p.up_order != Sm90Order::by_expert || !fits_smem(tall_up_smem_bytes(s.experts))))
+  if (!o.up_split &&
+      (p.up_order != Sm90Order::by_expert || !tall_up_dims(s.ffn) || !fits_smem(tall_up_smem_bytes(s.experts))))
     p.up_split = false;
   if (!o.down_split && (p.down_order != Sm90Order::by_expert ||
                         !fits_smem(tall_down_smem_bytes(s.experts), kTallStaticSmemReserve)))
@@ -151,7 +152,7 @@ std::vector<std::pair<Sm90Shape, Sm90Plan>> sm90_plan_catalog(const Sm90Device& 
   auto cost = [](const Sm90Shape& s) { return double(s.rows_capacity) * s.hidden * s.ffn; };
   for (int E : {1, 2, 4, 8, 16, 32, 64, 128, 160, 224, 256})
     for (int hidden : {256, 2048, 4096, 7168})
-      for (int ffn : {256, 384, 768, 1024, 2048})
+      for (int ffn : {256, 384, 768, 1024, 1040, 2048, 2064})
         for (int64_t rows_per_expert : {1, 64, 128, 512, 1024, 2048, 4096}) {
           // Capacity as the engine bounds it: every pair, plus each segment's padding to 128 rows.
           const int64_t rows = rows_per_expert * E;

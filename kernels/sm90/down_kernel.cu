@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   init_ring_barriers<kCluster>(ring, 1);  // full: the producer's arrive.expect_tx
-  const int num_k = ffn / kBK;
+  const int num_k = ceil_div(ffn, kBK);  // act's and W2's columns past ffn read as zeros
   const int flush_step = num_k / 2;  // the reducers get about half an item for each half
   const int64_t stride = work_stride<kCluster>();
 
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                     const int32_t orow = stage_rows[64 * c + r];
                     uint32_t v[4];
                     ld_shared_16(stg + staged_half_offset(r, j), v);
-                    if (orow < 0) continue;
+                    if (orow < 0 || col0 + 8 * j >= hidden) continue;
                     __nv_bfloat16* dst = out + int64_t(orow) * hidden + col0 + 8 * j;
                     if (store_pairs) st_global_16(dst, v);
                     else red_add_bf16x8(dst, v);

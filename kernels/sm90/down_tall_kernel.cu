@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ring_mem = dyn_smem + ((1024u - (smem_u32(dyn_smem) & 1023u)) & 1023u);
   int32_t* item_off = reinterpret_cast<int32_t*>(ring_mem + size_t(S) * kTallStageBytes + kTallDownStagingBytes);
   int32_t* seg64 = item_off + experts + 1;
-  const int nn = (hidden + kBN - 1) / kBN, num_k = ffn / kBK;
+  const int nn = (hidden + kBN - 1) / kBN, num_k = ceil_div(ffn, kBK);
   const uint32_t sA = smem_u32(ring_mem), sB = sA + S * kTallATileBytes;
   const uint32_t stg = sA + S * kTallStageBytes;  // the staging buffer
   const Ring<S> ring{smem_u32(&bars[0]), smem_u32(&bars[S])};
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                   const int32_t orow = tile_rows[(chunk < 2 ? 64 * c : 128) + r];
                   uint32_t v[4];
                   ld_shared_16(half + staged_half_offset(r, j), v);
-                  if (orow < 0) continue;
+                  if (orow < 0 || col0 + 8 * j >= hidden) continue;
                   __nv_bfloat16* dst = out + int64_t(orow) * hidden + col0 + 8 * j;
                   if (store_pairs) st_global_16(dst, v);
                   else red_add_bf16x8(dst, v);

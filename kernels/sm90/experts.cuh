@@ -9,7 +9,8 @@
 // the 128-row forms above, swap-AB (swap_ab_kernel.cu), or the fused swap-AB pipeline
 // (fused_swap_kernel.cu: both in one grid, act never stored; through sm90_experts_launch only).
 //
-// Requirements (checked, Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0,
+// Requirements (checked, Error(invalid_argument) otherwise): hidden % 16 == 0, ffn % 16 == 0 (tiles past
+// them read zeros and store nothing; the 192-row UP of a split needs ffn % 128 == 0, the plan's rule),
 // 0 < rows_capacity < 2^31, every pointer 16-byte aligned, x given (UP gathers its rows), out zeroed
 // (or holding what the sum should add to) before DOWN runs unless zero_out, the plan valid for the
 // shape (check_sm90_plan). padded_offsets, pair_row and pair_weight must be complete before UP starts

@@ -69,9 +69,10 @@ __device__ __forceinline__ void reduce_tile(const SwapArgs& a, const SwapItem& i
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       if (prs[b] < 0) continue;
-      float* row = a.out_acc + int64_t(prs[b]) * a.hidden + n0 + 16 * wl + (lane >> 2);
-      red_add_f32(row, wt[b] * acc[b]);
-      red_add_f32(row + 8, wt[b] * acc[2 + b]);
+      const int64_t col = n0 + 16 * wl + (lane >> 2);
+      float* row = a.out_acc + int64_t(prs[b]) * a.hidden + col;
+      if (col < a.hidden) red_add_f32(row, wt[b] * acc[b]);
+      if (col + 8 < a.hidden) red_add_f32(row + 8, wt[b] * acc[2 + b]);
     }
     return;
   }
@@ -91,7 +92,7 @@ __device__ __forceinline__ void reduce_tile(const SwapArgs& a, const SwapItem& i
   for (int q = tid; q < it.rows * 16; q += 128) {
     const int r = q >> 4, part = q & 15;
     const int32_t pr = a.pair_row[it.m0 + r];
-    if (pr < 0 || int64_t(pr) >= a.out_rows) continue;
+    if (pr < 0 || int64_t(pr) >= a.out_rows || n0 + 4 * part >= a.hidden) continue;
     float v[4];
     ld_shared_f32x4(stg + uint32_t(r * kFusedStagingStride + 4 * part) * 4u, v);
     red_add_f32x4(a.out_acc + int64_t(pr) * a.hidden + n0 + 4 * part, v);
@@ -188,8 +189,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   const Ring<kSwapStages> ring{smem_u32(&bars[0]), smem_u32(&bars[kSwapStages])};
 
   const int64_t tiles = a.padded_offsets[a.experts] / kBM;
-  const int64_t half_items = tiles * (a.ffn / 32), items = 2 * half_items;
-  const int num_k = a.hidden / kBK, num_d = (a.hidden + kFusedDownRows - 1) / kFusedDownRows;
+  const int64_t half_items = tiles * ceil_div(a.ffn, 32), items = 2 * half_items;
+  const int num_k = ceil_div(a.hidden, kBK), num_d = (a.hidden + kFusedDownRows - 1) / kFusedDownRows;
   if (int64_t(blockIdx.x) >= items) return;
   if (threadIdx.x == 0) {
     ring.init(1 + kSwapGatherThreads, 128);
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   if (warp < 4) {
     // ---- B: the half tile's first N rows of x, every UP stage; an arrival on every DOWN stage ----
     const int t = int(threadIdx.x);
-    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kSwapATileBytes, t);
+    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kSwapATileBytes, t, a.hidden);
     grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
     RingCursor<kSwapStages> cur;
     for (int64_t w = first; w < items; w += stride) {
@@ -255,7 +256,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
         if (lane == 0) {
           if (kt < num_k) {
             mbar_arrive_expect_tx(full, kSwapATileBytes);
-            tma_load_4d(dst, &tm_w1, full, kt * kBK, 0, 2 * it.e, 4 * it.j);
+            tma_load_5d(dst, &tm_w1, full, kt * kBK, 0, 0, 4 * it.j, it.e);
           } else {
             mbar_arrive_expect_tx(full, kFusedDownBoxBytes);
             tma_load_3d(dst, &tm_w2, full, 32 * it.j, kFusedDownRows * (kt - num_k), it.e);
@@ -292,8 +293,6 @@ __global__ void __launch_bounds__(256)
 }
 
 void launch_fused_swap_kernel(const ExpertProblem& p, cudaStream_t s) {
-  EPMOE_CHECK(p.ffn % 32 == 0 && p.hidden % 128 == 0, ErrorCode::invalid_argument,
-              "fused swap-AB kernel: ffn % 32 and hidden % 128 must be 0 (ffn ", p.ffn, ", hidden ", p.hidden, ")");
   EPMOE_CHECK(p.out_acc != nullptr && p.preact == nullptr && p.pair_out == nullptr, ErrorCode::internal,
               "fused swap-AB kernel: needs out_acc, and keeps neither h nor per-pair rows");
   EPMOE_CHECK(reinterpret_cast<uintptr_t>(p.out_acc) % 16 == 0 && reinterpret_cast<uintptr_t>(p.out) % 16 == 0,
@@ -310,7 +309,7 @@ void launch_fused_swap_kernel(const ExpertProblem& p, cudaStream_t s) {
   const CUtensorMap tm_w2 = make_w2_slice_map(p.w2, p.experts, p.hidden, p.ffn);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   sm90_launch_threads(sm90_fused_swap_kernel, unsigned(kSwapThreads), /*cluster=*/false, /*pdl=*/false,
-                      2 * tiles * (p.ffn / 32), kFusedSmemBytes, s, "sm90_fused_swap", tm_w1, tm_w2, a);
+                      2 * tiles * ceil_div(p.ffn, 32), kFusedSmemBytes, s, "sm90_fused_swap", tm_w1, tm_w2, a);
   const int64_t chunks = p.out_rows * int64_t(p.hidden) / 8;
   if (chunks > 0)
     sm90_launch_threads(sm90_fused_write_out_kernel, 256u, /*cluster=*/false, /*pdl=*/true, (chunks + 255) / 256, 0,

@@ -15,10 +15,10 @@ namespace epmoe::kernels::sm90 {
 void check_expert_problem(const ExpertProblem& p, const char* who) {
   auto aligned = [](const void* q) { return q != nullptr && reinterpret_cast<uintptr_t>(q) % 16 == 0; };
   EPMOE_CHECK(p.experts > 0, ErrorCode::invalid_argument, who, ": experts must be > 0, got ", p.experts);
-  EPMOE_CHECK(p.hidden > 0 && p.hidden % 128 == 0, ErrorCode::invalid_argument, who,
-              ": hidden must be a positive multiple of 128, got ", p.hidden);
-  EPMOE_CHECK(p.ffn > 0 && p.ffn % 128 == 0, ErrorCode::invalid_argument, who,
-              ": ffn must be a positive multiple of 128, got ", p.ffn);
+  EPMOE_CHECK(p.hidden > 0 && p.hidden % sm90::kDimMultiple == 0, ErrorCode::invalid_argument, who,
+              ": hidden must be a positive multiple of ", sm90::kDimMultiple, ", got ", p.hidden);
+  EPMOE_CHECK(p.ffn > 0 && p.ffn % sm90::kDimMultiple == 0, ErrorCode::invalid_argument, who,
+              ": ffn must be a positive multiple of ", sm90::kDimMultiple, ", got ", p.ffn);
   EPMOE_CHECK(p.rows_capacity > 0 && p.rows_capacity < (int64_t(1) << 31), ErrorCode::invalid_argument, who,
               ": rows_capacity must be in (0, 2^31), got ", p.rows_capacity);
   EPMOE_CHECK(p.padded_offsets != nullptr && p.pair_row != nullptr && p.pair_weight != nullptr,

@@ -53,6 +53,7 @@ __device__ __forceinline__ void store_act_rows(const SwapArgs& a, const SwapItem
     const int r = q >> 2, part = q & 3;
     const uint32_t off = uint32_t(r * kSwapUpStride + 8 * part) * 2u;
     const int64_t row = it.m0 + r, col = 32 * int64_t(it.j) + 8 * part;
+    if (col >= ffn) continue;  // (ffn % 32 != 0: the last block's columns past ffn)
     uint32_t v[4] = {0u, 0u, 0u, 0u};
     if (r < rows) ld_shared_16(stg + off, v);
     st_global_16(a.act + row * ffn + col, v);
@@ -116,6 +117,7 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
       uint32_t v[4];
       ld_shared_16(stg + uint32_t(r * kSwapDownStride + 8 * part) * 2u, v);
       const int64_t col = 64 * int64_t(it.j) + 8 * part;
+      if (col >= a.hidden) continue;  // (hidden % 64 != 0: the last block's rows past hidden)
       if (a.pair_out != nullptr) st_global_16(a.pair_out + (it.m0 + r) * a.hidden + col, v);
       else red_add_bf16x8(a.out + int64_t(pr) * a.hidden + col, v);
     }
@@ -137,10 +139,10 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   const Ring<kSwapStages> ring{smem_u32(&bars[0]), smem_u32(&bars[kSwapStages])};
 
   const int64_t tiles = a.padded_offsets[a.experts] / kBM;
-  const int blocks = kUp ? a.ffn / 32 : a.hidden / kSwapWeightRows;
+  const int blocks = kUp ? ceil_div(a.ffn, 32) : ceil_div(a.hidden, kSwapWeightRows);
   const int64_t half_items = tiles * blocks, items = 2 * half_items;
   const int k_dim = kUp ? a.hidden : a.ffn;
-  const int num_k = k_dim / kBK;
+  const int num_k = ceil_div(k_dim, kBK);
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
   if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
     zero_step(zero, zero.end - zero.next, int(threadIdx.x), kSwapThreads);
@@ -158,7 +160,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   if (warp < 4) {
     // ---- B: the tile's first N rows, every K step ----
     const int t = int(threadIdx.x);
-    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kSwapATileBytes, t);
+    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kSwapATileBytes, t, k_dim);
     grid_dependency_wait();  // x / act come from the previous kernel (no-op unless PDL-launched)
     RingCursor<kSwapStages> cur;
     for (int64_t w = first; w < items; w += stride) {
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
         ring.wait_empty(cur);
         if (lane == 0) {
           mbar_arrive_expect_tx(full, kSwapATileBytes);
-          if constexpr (kUp) tma_load_4d(dst, &tm_w, full, kt * kBK, 0, 2 * it.e, 4 * it.j);
+          if constexpr (kUp) tma_load_5d(dst, &tm_w, full, kt * kBK, 0, 0, 4 * it.j, it.e);
           else tma_load_3d(dst, &tm_w, full, kt * kBK, kSwapWeightRows * it.j, it.e);
         }
         __syncwarp();
@@ -222,8 +224,6 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
 }
 
 void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream_t s) {
-  EPMOE_CHECK(p.ffn % 32 == 0 && p.hidden % kSwapWeightRows == 0, ErrorCode::invalid_argument,
-              "swap-AB kernels: ffn % 32 and hidden % 64 must be 0 (ffn ", p.ffn, ", hidden ", p.hidden, ")");
   SwapArgs a{};
   a.padded_offsets = p.padded_offsets;
   a.experts = p.experts, a.hidden = p.hidden, a.ffn = p.ffn;
@@ -238,7 +238,7 @@ void launch_swap_ab_kernel(const ExpertProblem& p, bool up, bool pdl, cudaStream
   const CUtensorMap tm = up ? make_w1_swap_map(p.w1, p.experts, p.hidden, p.ffn)
                             : make_w2_map(p.w2, p.experts, p.hidden, p.ffn, kSwapWeightRows);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
-  const int64_t items = 2 * tiles * (up ? p.ffn / 32 : p.hidden / kSwapWeightRows);
+  const int64_t items = 2 * tiles * (up ? ceil_div(p.ffn, 32) : ceil_div(p.hidden, kSwapWeightRows));
   sm90_launch_threads(up ? sm90_swap_ab_kernel<true> : sm90_swap_ab_kernel<false>, unsigned(kSwapThreads),
                       /*cluster=*/false, pdl, items, kSwapSmemBytes, s, up ? "sm90_swap_ab_up" : "sm90_swap_ab_down",
                       tm, a);

@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   if (warp < 4) {
     // ---- B (the tile's first N token rows) and every row's scales, every K step ----
     const int t = int(threadIdx.x);
-    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kMxSwapATileBytes, t);
+    const RowGather<kSwapGatherThreads, 1, 4> gather(ring_base + kMxSwapATileBytes, t, k_dim / 2);
     // RowGather moves 16-byte chunks of bf16 rows: a packed row of row_bytes is row_bytes / 2 of them,
     // a stage's 128 bytes kBK of them.
     const __nv_bfloat16* src16 = reinterpret_cast<const __nv_bfloat16*>(a.src);

@@ -54,7 +54,7 @@ CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims, co
 }  // namespace
 
 CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, int box_rows) {
-  EPMOE_CHECK(rows > 0 && cols > 0 && cols % 64 == 0, ErrorCode::invalid_argument, "matrix map: bad shape ", rows,
+  EPMOE_CHECK(rows > 0 && cols > 0 && cols % 8 == 0, ErrorCode::invalid_argument, "matrix map: bad shape ", rows,
               " x ", cols);
   const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
   const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};
@@ -62,37 +62,59 @@ CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t col
   return encode(base, 2, dims, strides, box, "matrix map");
 }
 
-// W1 [E, 2*ffn, hidden] viewed as element (k, r, 2e + p, b) = w1[e][p*ffn + rows*b + r][k]: the
+CUtensorMap make_preact_map(const __nv_bfloat16* h, int64_t rows, int ffn) {
+  EPMOE_CHECK(rows > 0 && ffn > 0 && ffn % 8 == 0, ErrorCode::invalid_argument, "preact map: bad shape ", rows,
+              " x 2*", ffn);
+  const cuuint64_t F = cuuint64_t(ffn);
+  const cuuint64_t dims[3] = {F, 2, cuuint64_t(rows)};
+  const cuuint64_t strides[2] = {F * 2, 2 * F * 2};  // half, row
+  const cuuint32_t box[3] = {64, 1, 64};
+  return encode(h, 3, dims, strides, box, "preact map");
+}
+
+namespace {
+void check_w1_shape(int experts, int hidden, int ffn, int ffn_multiple, const char* what) {
+  EPMOE_CHECK(experts > 0 && hidden > 0 && hidden % 8 == 0 && ffn > 0 && ffn % ffn_multiple == 0,
+              ErrorCode::invalid_argument, what, ": bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+}
+}  // namespace
+
+// The 192-row UP's interleaved view: element (k, r, 2e + p, b) = w1[e][p*ffn + 64*b + r][k]. The
 // expert stride (2*ffn rows) is twice the gate/up stride (ffn rows), so (e, p) fold into one dimension
-// of extent 2E, stride ffn rows. The box {64, rows, 2, blocks} walks r, then p, then b.
-static bool try_make_w1_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, uint32_t rows,
-                            uint32_t blocks, const char* what, CUtensorMap* map) {
-  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
-              "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
-  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
-  const cuuint64_t dims[4] = {H, rows, 2 * cuuint64_t(experts), F / rows};
-  const cuuint64_t strides[3] = {H * 2, F * H * 2, rows * H * 2};  // row, parity/expert, row block
-  const cuuint32_t box[4] = {64, rows, 2, blocks};
-  return encode_raw(map, w1, 4, dims, strides, box, what) == CUDA_SUCCESS;
-}
-
-// Folded: 128 gate rows of block j, then their 128 up partners (one box per 256-column block).
-bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
-  return try_make_w1_map(w1, experts, hidden, ffn, 128, 1, "w1 folded map", map);
-}
-
-// Interleaved: 64 gate rows, their 64 up partners, the next 64 gate rows, theirs.
+// of extent 2E, stride ffn rows. The box {64, 64, 2, 2} walks r, then p, then b. Row blocks must tile
+// ffn exactly (a partial block would read the next parity's rows), hence ffn % 128.
 bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
-  return try_make_w1_map(w1, experts, hidden, ffn, 64, 2, "w1 interleaved map", map);
+  if (ffn % 128 != 0) return false;
+  check_w1_shape(experts, hidden, ffn, 128, "w1 interleaved map");
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[4] = {H, 64, 2 * cuuint64_t(experts), F / 64};
+  const cuuint64_t strides[3] = {H * 2, F * H * 2, 64 * H * 2};  // row, parity/expert, row block
+  const cuuint32_t box[4] = {64, 64, 2, 2};
+  return encode_raw(map, w1, 4, dims, strides, box, "w1 interleaved map") == CUDA_SUCCESS;
 }
 
-// Swap-AB: 8 gate rows, their 8 up partners, four times (64 rows: 32 act columns per box), so each
-// gate row and its partner land 8 rows apart, in one thread's accumulators of the m64 fragment.
+// Folded: element (k, r, p, e) = w1[e][p*ffn + r][k], dims {hidden, ffn, 2, E}: gate and up rows are
+// each bounded by ffn, so a box past ffn reads zeros, never the other half's rows.
+bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map) {
+  check_w1_shape(experts, hidden, ffn, 8, "w1 folded map");
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[4] = {H, F, 2, cuuint64_t(experts)};
+  const cuuint64_t strides[3] = {H * 2, F * H * 2, 2 * F * H * 2};  // row, parity, expert
+  const cuuint32_t box[4] = {64, 128, 2, 1};
+  return encode_raw(map, w1, 4, dims, strides, box, "w1 folded map") == CUDA_SUCCESS;
+}
+
+// Swap-AB: element (k, r, p, b, e) = w1[e][p*ffn + 8b + r][k], dims {hidden, 8, 2, ffn/8, E}; the box
+// {64, 8, 2, 4, 1} walks 8 gate rows, their 8 up partners, four times (64 rows: 32 act columns per
+// box), so each gate row and its partner land 8 rows apart, in one thread's accumulators of the m64
+// fragment. Blocks past ffn/8 read zeros.
 CUtensorMap make_w1_swap_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
-  CUtensorMap map;
-  EPMOE_CHECK(try_make_w1_map(w1, experts, hidden, ffn, 8, 4, "w1 swap map", &map), ErrorCode::cuda_error,
-              "w1 swap map: cuTensorMapEncodeTiled rejected the 8-row interleaved strides");
-  return map;
+  check_w1_shape(experts, hidden, ffn, 8, "w1 swap map");
+  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
+  const cuuint64_t dims[5] = {H, 8, 2, F / 8, cuuint64_t(experts)};
+  const cuuint64_t strides[4] = {H * 2, F * H * 2, 8 * H * 2, 2 * F * H * 2};  // row, parity, block, expert
+  const cuuint32_t box[5] = {64, 8, 2, 4, 1};
+  return encode(w1, 5, dims, strides, box, "w1 swap map");
 }
 
 CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
@@ -103,8 +125,7 @@ CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden,
 }
 
 CUtensorMap make_w1_plain_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn) {
-  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 128 == 0, ErrorCode::invalid_argument,
-              "w1 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
+  check_w1_shape(experts, hidden, ffn, 8, "w1 plain map");
   const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
   const cuuint64_t dims[3] = {H, 2 * F, cuuint64_t(experts)};
   const cuuint64_t strides[2] = {H * 2, 2 * F * H * 2};
@@ -119,7 +140,7 @@ CUtensorMap make_w1_box_map(const __nv_bfloat16* w1, int experts, int hidden, in
 }
 
 CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn, int box_rows) {
-  EPMOE_CHECK(experts > 0 && hidden % 64 == 0 && ffn % 64 == 0, ErrorCode::invalid_argument,
+  EPMOE_CHECK(experts > 0 && hidden > 0 && ffn > 0 && ffn % 8 == 0, ErrorCode::invalid_argument,
               "w2 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
   const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
   const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};
@@ -129,7 +150,7 @@ CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ff
 }
 
 CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn) {
-  EPMOE_CHECK(experts > 0 && hidden % 128 == 0 && ffn % 32 == 0, ErrorCode::invalid_argument,
+  EPMOE_CHECK(experts > 0 && hidden > 0 && ffn > 0 && ffn % 8 == 0, ErrorCode::invalid_argument,
               "w2 slice map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
   const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
   const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};

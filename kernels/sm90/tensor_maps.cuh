@@ -9,12 +9,19 @@
 
 namespace epmoe::kernels::sm90 {
 
+// Dims need only be multiples of 8 (16-byte strides): boxes past a dimension's end read zeros and
+// stores past it are dropped, which is how the kernels take hidden and ffn that are not multiples of
+// their tiles (the interleaved map excepted).
+
 // Row-major [rows, cols] bf16 matrix, box {64 cols, box_rows rows}. Coordinates {col, row}.
 CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, int box_rows);
+// h = [g | u] [rows, 2 ffn] as rank 3 {ffn, 2, rows}, box {64, 1, 64}; coordinate {col, half, row}: a
+// gate box past ffn is dropped instead of landing in the up half.
+CUtensorMap make_preact_map(const __nv_bfloat16* h, int64_t rows, int ffn);
 
 // W1 [E, 2*ffn, hidden] folded so that one box brings gate rows [128j, 128j+128) followed by up rows
-// [ffn+128j, ...) of expert e (seed 000, Trick 1): rank 4, dims {hidden, 128, 2E, ffn/128}, byte
-// strides {hidden*2, ffn*hidden*2, 128*hidden*2}, box {64, 128, 2, 1}; coordinate {k0, 0, 2e, j}.
+// [ffn+128j, ...) of expert e (seed 000, Trick 1): rank 4, dims {hidden, ffn, 2, E}, byte strides
+// {hidden*2, ffn*hidden*2, 2*ffn*hidden*2}, box {64, 128, 2, 1}; coordinate {k0, 128j, 0, e}.
 // It lands in smem as [parity][row][64]: a 256 x 64 K-major tile, gate first.
 CUtensorMap make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn);
 // Same, but returns false instead of throwing when the driver rejects the folded strides.
@@ -24,12 +31,13 @@ bool try_make_w1_folded_map(const __nv_bfloat16* w1, int experts, int hidden, in
 // ffn/64}, byte strides {hidden*2, ffn*hidden*2, 64*hidden*2}, box {64, 64, 2, 2}; coordinate
 // {k0, 0, 2e, 2j}. It lands in smem as gate rows [128j, +64), their up partners, gate rows
 // [128j + 64, +64), theirs: any 128-row half of the tile holds 64 gate rows with their up partners.
-// Returns false when the driver rejects the folded strides.
+// Returns false when ffn % 128 != 0 or the driver rejects the folded strides.
 bool try_make_w1_interleaved_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn, CUtensorMap* map);
 
-// W1 for the swap-AB UP (swap_ab_kernel.cu): rank 4, dims {hidden, 8, 2E, ffn/8}, byte strides
-// {hidden*2, ffn*hidden*2, 8*hidden*2}, box {64, 8, 2, 4}; coordinate {k0, 0, 2e, 4j}. It lands as
-// 4 x (gate rows [32j + 8b, +8), their up partners): 64 rows, gate row r's partner 8 rows later.
+// W1 for the swap-AB UP (swap_ab_kernel.cu): rank 5, dims {hidden, 8, 2, ffn/8, E}, byte strides
+// {hidden*2, ffn*hidden*2, 8*hidden*2, 2*ffn*hidden*2}, box {64, 8, 2, 4, 1}; coordinate
+// {k0, 0, 0, 4j, e}. It lands as 4 x (gate rows [32j + 8b, +8), their up partners): 64 rows, gate
+// row r's partner 8 rows later.
 CUtensorMap make_w1_swap_map(const __nv_bfloat16* w1, int experts, int hidden, int ffn);
 
 // Fallback for W1 when the folded map is not available: rank 3 {hidden, 2*ffn, E}, box {64, 128, 1};

@@ -7,6 +7,18 @@
 
 namespace epmoe::kernels::sm90 {
 
+#if defined(__CUDACC__)
+#define EPMOE_TILE_HD __host__ __device__
+#else
+#define EPMOE_TILE_HD
+#endif
+// Tiles over a dimension that need not be a multiple of the tile (hidden, ffn: multiples of 16);
+// host and device (the launchers and the work-item schedules both count tiles with it).
+EPMOE_TILE_HD inline constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline constexpr int kDimMultiple = 16;  // hidden and ffn: TMA's 16-byte strides, the 16-byte row chunks
+// The 192-row UP's interleaved W1 map tiles ffn in whole 128-row blocks (tensor_maps.cuh).
+inline constexpr bool tall_up_dims(int ffn) { return ffn % 128 == 0; }
+
 // ---- the 128-row tile (UP, pair UP, DOWN) -----------------------------------------------------
 inline constexpr int kBM = 128;       // rows per tile: one expert-segment tile, two consumer warpgroups x 64
 inline constexpr int kBK = 64;        // K per ring stage: 64 bf16 = one 128-byte swizzle row

@@ -25,7 +25,7 @@ __device__ __forceinline__ void load_w1_stage(const CUtensorMap* tm_w1, uint32_t
     tma_load_3d_multicast(dst + rank * (kBTileBytes / 2), tm_w1, full, k0, rank != 0 ? ffn + 128 * j : 128 * j, e,
                           uint16_t(0x3));
   } else if (w1_folded) {
-    tma_load_4d(dst, tm_w1, full, k0, 0, 2 * e, j);
+    tma_load_4d(dst, tm_w1, full, k0, 128 * j, 0, e);
   } else {
     tma_load_3d(dst, tm_w1, full, k0, 128 * j, e);
     tma_load_3d(dst + kBTileBytes / 2, tm_w1, full, k0, ffn + 128 * j, e);
@@ -59,9 +59,10 @@ __device__ __forceinline__ void swiglu_words(uint32_t (&w)[W], const float* gate
 // stmatrix into its two 64x64 staging boxes at stg (the TMA's 128B-swizzled layout), then one thread
 // stores them with TMA to rows [m0 + 64c, +64), columns [col0, +128) of tm's matrix and the warpgroup
 // goes on under the store; the boxes are rewritten only after that store has read them (checked at
-// the next store, so no wait in practice between items). Named barriers 1 + c.
+// the next store, so no wait in practice between items). Named barriers 1 + c. plane >= 0: tm is the
+// rank-3 preact map and the boxes go to its half `plane`. Columns past the map's end are dropped.
 __device__ __forceinline__ void store_words_staged(const CUtensorMap* tm, uint32_t stg, const uint32_t (&words)[32],
-                                                   int c, int warp, int lane, int64_t m0, int col0) {
+                                                   int c, int warp, int lane, int64_t m0, int col0, int plane = -1) {
   if ((threadIdx.x & 127) == 0) bulk_wait_read_all();
   named_barrier_sync(1 + c, 128);
   const int mi = lane >> 3, rr = lane & 7;
@@ -76,8 +77,13 @@ __device__ __forceinline__ void store_words_staged(const CUtensorMap* tm, uint32
   named_barrier_sync(1 + c, 128);
   if ((threadIdx.x & 127) == 0) {
     const int row = int(m0) + 64 * c;
-    tma_store_2d(tm, stg, col0, row);
-    tma_store_2d(tm, stg + 8192u, col0 + 64, row);
+    if (plane < 0) {
+      tma_store_2d(tm, stg, col0, row);
+      tma_store_2d(tm, stg + 8192u, col0 + 64, row);
+    } else {
+      tma_store_3d(tm, stg, col0, plane, row);
+      tma_store_3d(tm, stg + 8192u, col0 + 64, plane, row);
+    }
     bulk_commit();
   }
 }
@@ -89,16 +95,16 @@ __device__ __forceinline__ void store_act_staged(const CUtensorMap* tm_act, uint
 
 // What a saving forward keeps for backward (ExpertProblem::preact): h = [g | u] in bf16, the gate
 // columns [128 nb, +128) and their up partners [ffn + 128 nb, +128) of warpgroup c's 64 rows, from
-// the same fp32 accumulators act came from, through the same staging boxes after act. Rows at
-// padding hold zeros (their accumulators stayed zero), as act's do.
+// the same fp32 accumulators act came from, through the same staging boxes after act (tm_h:
+// make_preact_map). Rows at padding hold zeros (their accumulators stayed zero), as act's do.
 __device__ __forceinline__ void store_preact_staged(const CUtensorMap* tm_h, uint32_t stg, const float* acc, int c,
-                                                    int warp, int lane, int64_t m0, int nb, int ffn) {
+                                                    int warp, int lane, int64_t m0, int nb) {
   uint32_t words[32];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {  // 0: gate (acc[0, 64)), 1: up (acc[64, 128))
 #pragma unroll
     for (int j = 0; j < 32; ++j) words[j] = pack_bf16x2(acc[64 * half + 2 * j], acc[64 * half + 2 * j + 1]);
-    store_words_staged(tm_h, stg, words, c, warp, lane, m0, 128 * nb + half * ffn);
+    store_words_staged(tm_h, stg, words, c, warp, lane, m0, 128 * nb, half);
   }
 }
 

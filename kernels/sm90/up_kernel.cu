@@ -52,7 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ring_mem = align_1024(dyn_smem);
   uint8_t* staging = ring_mem + kStages * kStageBytes;
   int32_t* sched = by_expert ? reinterpret_cast<int32_t*>(staging + kUpStagingBytes) : nullptr;
-  const WorkGrid grid = make_work_grid<kCluster>(ffn / 128, padded_offsets, experts, kGroupTiles, sched,
+  const WorkGrid grid = make_work_grid<kCluster>(ceil_div(ffn, 128), padded_offsets, experts, kGroupTiles, sched,
                                                  tail_split != 0 ? work_stride<kCluster>() : 0,
                                                  split_rule(pair_row, ffn, split_ctas));  // (by expert only)
   ZeroPlan zero = make_zero_plan<kCluster>(zero_out, zero_chunks, grid.items);
@@ -72,13 +72,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   // can land before the local expect_tx (the pending arrivals keep the phase open) but never a round
   // early: the peer refills slot s only after this CTA's consumers released it (empty counts both).
   init_ring_barriers<kCluster>(ring, 1 + kUpGatherThreads);
-  const int num_k = hidden / kBK;
+  const int num_k = ceil_div(hidden, kBK);
 
   run_warp_roles<kUpProducerRegs, kUpConsumerRegs>(
       [&] {
         // ---- producer: every thread gathers its A rows, thread 0 also loads W1 ----
         const int t = int(threadIdx.x);
-        const RowGather<kUpGatherThreads, 1, 8> gather(sA, t);
+        const RowGather<kUpGatherThreads, 1, 8> gather(sA, t, hidden);
         if (t == 0) tma_prefetch_desc(&tm_w1);
         grid_dependency_wait();  // x comes from the previous kernel (no-op unless PDL-launched)
         // A rows of an item: its tile's rows (none past the total: an idle rank or the end); a half
@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t words[32];
           swiglu_words(words, acc.d, acc.d + 64);
           store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, iv.nb);
-          if (store_h) store_preact_staged(&tm_h, stg, acc.d, c, warp, lane, iv.m0, iv.nb, ffn);
+          if (store_h) store_preact_staged(&tm_h, stg, acc.d, c, warp, lane, iv.m0, iv.nb);
         }
         if ((threadIdx.x & 127) == 0) bulk_wait_all();  // act written before the CTA retires
       });
@@ -161,9 +161,9 @@ void launch_up_kernel(const ExpertProblem& p, const Sm90Plan& plan, int split_ct
   bool folded = false;
   const CUtensorMap tm_w1 = make_w1_box_map(p.w1, p.experts, p.hidden, p.ffn, /*allow_folded=*/!cluster, &folded);
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);  // 64x64 store boxes
-  const CUtensorMap tm_h = p.preact ? make_matrix_map(p.preact, p.rows_capacity, 2 * int64_t(p.ffn), 64) : tm_act;
+  const CUtensorMap tm_h = p.preact ? make_preact_map(p.preact, p.rows_capacity, p.ffn) : tm_act;
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
-  const int64_t items = sm90_work_items(tiles, p.experts, p.ffn / 128, cluster, by_expert);
+  const int64_t items = sm90_work_items(tiles, p.experts, ceil_div(p.ffn, 128), cluster, by_expert);
   const size_t smem = dyn_smem_bytes(by_expert, p.experts, kUpStagingBytes);
   sm90_launch(cluster ? sm90_up_kernel<true> : sm90_up_kernel<false>, cluster, /*pdl=*/false, items, smem, s,
               "sm90_up_kernel", tm_w1, tm_act, tm_h, p.preact ? 1 : 0, p.padded_offsets, p.experts, p.hidden, p.ffn,

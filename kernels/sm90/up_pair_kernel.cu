@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int st = 0; st < kStages; ++st) mbar_init(half0 + 8 * st, kPairGatherThreads);
   init_ring_barriers<true>(ring, 2);  // (its fence and cluster barrier cover half_full too)
 
-  const int num_k = hidden / kBK;
+  const int num_k = ceil_div(hidden, kBK);
   const int64_t first = work_first<true>(), stride = work_stride<true>();
 
   run_warp_roles<kPairProducerRegs, kPairConsumerRegs>(
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (warp < 2) {
           // ---- gatherers: this CTA's rows of the tile (pair_fwd_offset: 64 from row 64 rank, or a half
           // item's 32) ----
-          const RowGather<kPairGatherThreads, 1, 8> gather(sA, t);
+          const RowGather<kPairGatherThreads, 1, 8> gather(sA, t, hidden);
           grid_dependency_wait();
           auto rows_of = [&](const PairItem& pi) {
             const int64_t r0 = pi.m0 + int64_t(pair_fwd_offset(pi, rank) / 128u);
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           uint32_t words[32];
           swiglu_words(words, acc.d, acc.d + 64);
           store_act_staged(&tm_act, stg, words, c, warp, lane, iv.m0, iv.nb);
-          if (store_h) store_preact_staged(&tm_h, stg, acc.d, c, warp, lane, iv.m0, iv.nb, ffn);
+          if (store_h) store_preact_staged(&tm_h, stg, acc.d, c, warp, lane, iv.m0, iv.nb);
         }
         if ((threadIdx.x & 127) == 0) bulk_wait_all();
       });
@@ -208,7 +208,7 @@ void launch_up_pair_kernel(const ExpertProblem& p, const Sm90Plan& plan, int spl
   bool folded = false;
   const CUtensorMap tm_w1 = make_w1_box_map(p.w1, p.experts, p.hidden, p.ffn, /*allow_folded=*/true, &folded);
   const CUtensorMap tm_act = make_matrix_map(p.act, p.rows_capacity, p.ffn, 64);
-  const CUtensorMap tm_h = p.preact ? make_matrix_map(p.preact, p.rows_capacity, 2 * int64_t(p.ffn), 64) : tm_act;
+  const CUtensorMap tm_h = p.preact ? make_preact_map(p.preact, p.rows_capacity, p.ffn) : tm_act;
   // Its units are single row tiles with ffn / 256 column pairs each: the single-CTA item count over those.
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int64_t items = sm90_work_items(tiles, p.experts, p.ffn / 256, false, by_expert);

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* ring_mem = align_1024(dyn_smem);
   int32_t* item_off = reinterpret_cast<int32_t*>(ring_mem + size_t(S) * kTallStageBytes);
   int32_t* seg64 = item_off + experts + 1;
-  const int nn = ffn / 128, num_k = hidden / kBK;
+  const int nn = ffn / 128, num_k = ceil_div(hidden, kBK);  // (ffn % 128 == 0: the interleaved map)
   const uint32_t sA = smem_u32(ring_mem), sB = sA + S * kTallATileBytes;
   const Ring<S> ring{smem_u32(&bars[0]), smem_u32(&bars[S])};
   if (threadIdx.x == 0) {
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       [&] {
         // ---- producer: every thread gathers its A rows, thread 0 loads W1 and publishes the item ----
         const int t = int(threadIdx.x);
-        const RowGather<128, 4, kTallGatherRows> gather(sA, t);
+        const RowGather<128, 4, kTallGatherRows> gather(sA, t, hidden);
         if (t == 0) tma_prefetch_desc(&tm_w1);
         RingCursor<S> cur;
         for (int64_t w = blockIdx.x;; w += gridDim.x) {

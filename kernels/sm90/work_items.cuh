@@ -114,7 +114,7 @@ struct SplitRule {
 };
 // The 128-row half's rule from its kernel arguments (split_ctas 0: no split; ffn / 128 blocks).
 __device__ __forceinline__ SplitRule split_rule(const int32_t* pair_row, int ffn, int split_ctas) {
-  return split_ctas > 0 ? SplitRule{pair_row, ffn / 128, split_ctas} : SplitRule{};
+  return split_ctas > 0 ? SplitRule{pair_row, ceil_div(ffn, 128), split_ctas} : SplitRule{};
 }
 // Warp 0 (all its lanes call): split_tall_cut, 32 experts per step (lane e % 32 reads expert e's
 // segment and one pair_row); the same value in every lane and in every CTA of both halves.

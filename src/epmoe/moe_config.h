@@ -9,12 +9,9 @@ namespace epmoe {
 // hidden and ffn must be multiples of this (16 bf16 = 32 bytes: every row of x, act and the
 // weights starts 32-byte aligned, so the 16-byte vector accesses never straddle a row).
 inline constexpr int kDimAlignment = 16;
-// The sm_90 kernels need multiples of 128 (they tile K by 64 and N by 128 and pair 128-row blocks of
-// W1): a GPU layer of other dims runs the cuBLAS path (ExpertPath::automatic picks it), and asking for
-// the sm_90 path, an sm_90 plan or the capturable forward (sm_90 only) at such dims fails at
-// construction with Error(unsupported). (Issue 48: TMA bounds and predication in the sm_90 kernels.)
-inline constexpr int kSm90DimAlignment = 128;
-inline bool sm90_dims(int hidden, int ffn) { return hidden % kSm90DimAlignment == 0 && ffn % kSm90DimAlignment == 0; }
+// The sm_90 kernels take these too: their TMA boxes read zeros past hidden and ffn, and their stores
+// are predicated there (kernels/sm90/tensor_maps.cuh). Only the MXFP8 kernels need multiples of 128
+// (mx::kGpuDimAlignment).
 // Ranks in one group: the layout keeps one bit per destination rank in a 64-bit mask.
 inline constexpr int kMaxWorldSize = 64;
 

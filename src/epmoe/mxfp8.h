@@ -18,6 +18,8 @@
 namespace epmoe::mx {
 
 inline constexpr int kBlock = 32;          // elements per scale, along K
+// The GPU's MX kernels stage 128 K elements (four scale blocks) per step and take no partial step.
+inline constexpr int kGpuDimAlignment = 128;
 inline constexpr float kE4m3Max = 448.0f;  // largest finite E4M3FN value
 inline constexpr int kE4m3Emax = 8;        // its exponent: floor(log2(448))
 inline constexpr uint8_t kE4m3Nan = 0x7F;

@@ -331,6 +331,44 @@ const std::vector<Variant>& variants() {
       {"FusedHiddenNotOf256E8K2H1152F256T40", with({8, 2, 1152, 256, 40, Route::uniform, 0, 40}, 334), "fused=on"},
       {"FusedTileEdgesKeepsPreactE16K1H1024F768", keeping_preact(with({16, 1, 1024, 768, 16 * 128, Route::tile_edges, 0, 48}, 333)),
        "fused=on"},
+      // ---- hidden / ffn multiples of 16, not of 128 (issue 48): the weights' boxes read zeros past
+      // hidden (the last, partial k step of UP) and past ffn (UP's last column block, DOWN's last k
+      // step), the gathers zero-fill past K, and the stores stop at ffn (act, h) and hidden (out).
+      // Tails of 16 (144 = 2 x 64 + 16, 2064 = 32 x 64 + 16), blocks narrower than one box (ffn 80,
+      // 48, 16), and every form: single, clusters, pairs (ffn % 256 == 0, hidden not), the 192-row
+      // halves (split=up needs ffn % 128 == 0; split=down takes any hidden), swap-AB and fused.
+      {"Dims16SingleKeepsPreactE8K2H144F80T200", keeping_preact(with({8, 2, 144, 80, 200, Route::zipf, 0, 200}, 400)),
+       "up=single,down=single,order=global,split=none,pad=none"},
+      {"Dims16SingleTileEdgesE8K1H272F48", with({8, 1, 272, 48, 835, Route::tile_edges, 0, 835}, 401),
+       "up=single,down=single,order=global,split=none,pad=none"},
+      {"Dims16SmallestE8K4H16F16T64", with({8, 4, 16, 16, 64, Route::uniform, 0, 64}, 402),
+       "up=single,down=single,order=global,split=none,pad=none"},
+      {"Dims16SinglePadHalvesE16K4H2064F1040T777", with({16, 4, 2064, 1040, 777, Route::with_drops, 77, 48}, 403),
+       "up=single,down=single,order=expert,split=none,pad=up+down"},
+      {"Dims16SingleGraphE8K2H1040F2064T300", with({8, 2, 1040, 2064, 300, Route::uniform, 128, 48}, 404, Mode::graph),
+       "up=single,down=single,order=global,split=none,pad=none"},
+      {"Dims16ClusterE8K2H2064F1040T1100", with({8, 2, 2064, 1040, 1100, Route::one_expert, 128, 48}, 405),
+       "up=cluster,down=cluster,order=global,split=none,pad=none"},
+      {"Dims16ClusterKeepsPreactZipfE16K4H4112F784T1024",
+       keeping_preact(with({16, 4, 4112, 784, 1024, Route::zipf, 0, 16}, 406)),
+       "up=cluster,down=cluster,order=expert,split=none,pad=none"},
+      {"Dims16PairsKeepsPreactE8K2H1040F1024T700", keeping_preact(with({8, 2, 1040, 1024, 700, Route::zipf, 0, 48}, 407)),
+       "up=pairs,down=single,order=global,split=none,pad=none"},
+      {"Dims16SplitOneExpertE8K2H2064F1024T1700", with({8, 2, 2064, 1024, 1700, Route::one_expert, 128, 48}, 408),
+       "order=expert,split=up+down,split_ctas=1", 1, 1},
+      {"Dims16SplitDownOneExpertE4K1H2064F1040T1700", with({4, 1, 2064, 1040, 1700, Route::one_expert, 0, 48}, 409),
+       "up=single,order=expert,split=down,split_ctas=1", -1, 1},
+      {"Dims16SwapT1E32K4H2064F1040", with({32, 4, 2064, 1040, 1, Route::uniform, 0, 1}, 410), "swap=on"},
+      {"Dims16SwapT33E32K4H2064F1040", with({32, 4, 2064, 1040, 33, Route::uniform, 0, 33}, 411), "swap=on"},
+      {"Dims16SwapT65ZipfE32K4H2064F1040", with({32, 4, 2064, 1040, 65, Route::zipf, 0, 65}, 412), "swap=on"},
+      {"Dims16SwapTileEdgesKeepsPreactE8K1H144F80", keeping_preact(with({8, 1, 144, 80, 835, Route::tile_edges, 0, 835}, 413)),
+       "swap=on"},
+      {"Dims16SwapSmallestE4K2H16F16T64", with({4, 2, 16, 16, 64, Route::uniform, 0, 64}, 414), "swap=on"},
+      {"Dims16FusedT1E32K4H2064F1040", with({32, 4, 2064, 1040, 1, Route::uniform, 0, 1}, 415), "fused=on"},
+      {"Dims16FusedT65ZipfE32K4H2064F1040", with({32, 4, 2064, 1040, 65, Route::zipf, 0, 65}, 416), "fused=on"},
+      {"Dims16FusedE8K2H144F80T200", with({8, 2, 144, 80, 200, Route::zipf, 0, 200}, 417), "fused=on"},
+      {"Dims16FusedGraphE32K4H1040F2064T128", with({32, 4, 1040, 2064, 128, Route::zipf, 31 * 128, 64}, 418, Mode::graph),
+       "fused=on"},
   };
   return v;
 }

@@ -295,14 +295,19 @@ TEST_F(ForwardGpu, DeterministicModeIsBitwiseReproducible) {
   }
 }
 
-// hidden / ffn multiples of 16 but not of 128 (issue 48): the automatic path runs them on cuBLAS,
-// against the reference; the sm_90 path, an sm_90 plan and the capturable forward refuse them with
-// Error(unsupported) naming the rule.
-TEST_F(ForwardGpu, DimsMultipleOf16RunOnTheCublasPath) {
+// hidden / ffn multiples of 16 but not of 128 (issue 48): the sm_90 kernels take them (zero-filled
+// boxes past hidden and ffn, predicated stores), so the automatic path is sm90 on an sm_90a device;
+// every form - the default plan, swap-AB, the fused pipeline, the 128-row kernels forced, cuBLAS -
+// and the capturable forward (T below its capacity, rows past T zero) against the reference.
+TEST_F(ForwardGpu, DimsMultipleOf16RunOnEveryPath) {
   cudaStream_t stream;
   ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  int dev = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  const bool sm90 = kernels::sm90_experts_supported(dev);
   for (const Case& c : {Case{8, 2, 144, 80, 200, RoutingKind::zipf}, Case{16, 4, 272, 48, 300, RoutingKind::with_drops},
-                        Case{8, 4, 16, 16, 64, RoutingKind::uniform}, Case{8, 2, 1040, 2064, 96, RoutingKind::uniform}}) {
+                        Case{8, 4, 16, 16, 64, RoutingKind::uniform}, Case{8, 2, 1040, 2064, 96, RoutingKind::uniform},
+                        Case{32, 4, 2064, 1040, 5, RoutingKind::uniform}}) {
     SCOPED_TRACE("hidden " + std::to_string(c.hidden) + " ffn " + std::to_string(c.ffn));
     Model m(c.E, c.k, c.hidden, c.ffn, mix(c.E, c.hidden, c.ffn));
     Inputs in;
@@ -310,27 +315,55 @@ TEST_F(ForwardGpu, DimsMultipleOf16RunOnTheCublasPath) {
     in.x = make_x(mix(3, c.T), 0, c.T, c.hidden);
     in.R = make_routing(c.T, c.E, c.k, c.kind, mix(5, c.T, c.E), 0, 1);
     const std::vector<float> ref = reference(m, in);
-    for (ExpertPath path : {ExpertPath::automatic, ExpertPath::cublas}) {
+    struct Run {
+      ExpertPath path;
+      const char* plan;
+    };
+    std::vector<Run> runs = {{ExpertPath::automatic, ""}, {ExpertPath::cublas, ""}};
+    if (sm90)
+      runs.insert(runs.end(), {{ExpertPath::sm90, "swap=on"},
+                               {ExpertPath::sm90, "fused=on"},
+                               {ExpertPath::sm90, "swap=off,up=single,down=single,order=global,split=none,pad=none"}});
+    for (const Run& r : runs) {
+      SCOPED_TRACE(std::string(path_str(r.path)) + " plan '" + r.plan + "'");
       LayerOptions opt;
-      opt.expert_path = path;
+      opt.expert_path = r.path;
+      opt.sm90_plan = parse_sm90_plan_override(r.plan);
       MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
-      EXPECT_EQ(layer.expert_path(), ExpertPath::cublas);
+      if (r.path == ExpertPath::automatic) EXPECT_EQ(layer.expert_path(), sm90 ? ExpertPath::sm90 : ExpertPath::cublas);
       const std::vector<bf16> y = run_forward(layer, in, stream);
       EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.hidden, kGpuTolerance));
     }
-    for (int refusal = 0; refusal < 3; ++refusal) {
-      LayerOptions opt;
-      if (refusal == 0) opt.expert_path = ExpertPath::sm90;
-      if (refusal == 1) opt.sm90_plan = parse_sm90_plan_override("swap=on");
-      if (refusal == 2) opt.max_tokens_per_rank = 8;
-      try {
-        MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
-        ADD_FAILURE() << "refusal " << refusal << " accepted at hidden " << c.hidden << " ffn " << c.ffn;
-      } catch (const Error& e) {
-        EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
-        EXPECT_NE(std::string(e.what()).find("multiples of 128"), std::string::npos) << e.what();
+    if (!sm90) continue;
+    // The capturable forward: capacity T + 7, T real rows.
+    const int64_t N = c.T + 7;
+    LayerOptions opt;
+    opt.max_tokens_per_rank = N;
+    MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+    std::vector<bf16> xa = make_x(77, 0, N, c.hidden);
+    std::copy(in.x.begin(), in.x.end(), xa.begin());
+    std::vector<int32_t> ia(size_t(N) * c.k, c.E + 1000);  // rows past T: ids that would fail if read
+    std::vector<float> wa(size_t(N) * c.k, 1.f);
+    std::copy(in.R.ids.begin(), in.R.ids.end(), ia.begin());
+    std::copy(in.R.weights.begin(), in.R.weights.end(), wa.begin());
+    Dev<bf16> x(xa), y(size_t(N) * c.hidden, 0xff);
+    Dev<int32_t> ids(ia);
+    Dev<float> w(wa);
+    Dev<int64_t> nt(std::vector<int64_t>{c.T});
+    auto view = [&](void* p, DType t, int64_t cols) {
+      return TensorView::contiguous(p, t, {N, cols}, DeviceType::cuda, dev);
+    };
+    layer.forward_capturable(view(x.get(), DType::bf16, c.hidden), view(ids.get(), DType::i32, c.k),
+                             view(w.get(), DType::f32, c.k), view(y.get(), DType::bf16, c.hidden), nt.get(), stream);
+    ck(cudaStreamSynchronize(stream), "sync");
+    EXPECT_NO_THROW(layer.check_capturable(stream));
+    const std::vector<bf16> yh = y.host();
+    EXPECT_TRUE(close_to_reference(yh.data(), ref.data(), c.T, c.hidden, kGpuTolerance)) << "capturable";
+    for (int64_t i = c.T * c.hidden; i < N * c.hidden; ++i)
+      if (float(yh[size_t(i)]) != 0.0f) {
+        ADD_FAILURE() << "capturable: y[" << i / c.hidden << ", " << i % c.hidden << "] past T is not 0";
+        break;
       }
-    }
   }
   ck(cudaStreamDestroy(stream), "stream destroy");
 }

@@ -11,7 +11,9 @@
 // thread, kRows rows per thread): C = 8 / kChunks threads share a row; thread t takes chunks cg + C j
 // (cg = t % C, j < kChunks) of tile rows rg + R i (rg = t / C, i < kRows, R = kThreads / C). R is a
 // multiple of 8, so all rows of a thread share one swizzle phase (rg % 8), and a warp instruction
-// covers whole 32-byte sectors of several rows. The kernels pick the mapping for their registers:
+// covers whole 32-byte sectors of several rows. Chunks at or past K (a multiple of 8, not
+// necessarily of 64) are zero-filled, as TMA fills the weights' out-of-bounds columns, so a last
+// partial k step adds zeros. The kernels pick the mapping for their registers:
 //   128-row UP:   RowGather<128, 1, 8>  (16 rows per instruction, 8 row pointers per thread)
 //   pair UP:      RowGather<64, 1, 8>   (each CTA gathers 64 rows of the shared tile)
 //   192-row UP:   RowGather<128, 4, 3>  (3 row pointers: the producer fits 56 registers)
@@ -39,9 +41,10 @@ struct RowGather {
   static constexpr int R = kThreads / C;   // rows between a thread's rows
   static_assert(8 % kChunks == 0 && kThreads % C == 0 && R % 8 == 0, "rows of a thread must share a swizzle phase");
   int cg, rg;
+  int k_dim;      // row length: chunks at or past it are zero-filled (K % 64 != 0: the last k step)
   uint32_t base;  // this thread's first row (and, with one chunk, its chunk) in a stage's A tile
 
-  __device__ __forceinline__ RowGather(uint32_t sA, int t) : cg(t % C), rg(t / C) {
+  __device__ __forceinline__ RowGather(uint32_t sA, int t, int k) : cg(t % C), rg(t / C), k_dim(k) {
     base = sA + uint32_t(rg) * 128u + (kChunks == 1 ? (uint32_t(cg ^ (rg & 7)) << 4) : 0u);
   }
   // Tile row of this thread's row i.
@@ -74,8 +77,9 @@ struct RowGather {
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const uint32_t chunk = kChunks == 1 ? 0u : ((uint32_t(cg + C * j) ^ phase) << 4);
+        const int col = kt * kBK + 8 * (cg + C * j);
         cp_async_16_zfill(dst + uint32_t(R * i) * 128u + chunk, g.src[i] + kt * kBK + 8 * C * j,
-                          (g.valid >> i) & 1u ? 16u : 0u);
+                          ((g.valid >> i) & 1u) && col < k_dim ? 16u : 0u);
       }
   }
   // copy, but only of this thread's tile rows below n_rows (a run-time count): the swap-AB kernels'
@@ -89,8 +93,9 @@ struct RowGather {
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const uint32_t chunk = kChunks == 1 ? 0u : ((uint32_t(cg + C * j) ^ phase) << 4);
+        const int col = kt * kBK + 8 * (cg + C * j);
         cp_async_16_zfill(dst + uint32_t(R * i) * 128u + chunk, g.src[i] + kt * kBK + 8 * C * j,
-                          (g.valid >> i) & 1u ? 16u : 0u);
+                          ((g.valid >> i) & 1u) && col < k_dim ? 16u : 0u);
       }
     }
   }
