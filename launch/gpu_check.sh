@@ -11,7 +11,7 @@
 #                                                   mock ranks, CUDA tensors, opcheck, torch.compile)
 #   mpi            ctest -L mpi                    (np 2 GPU suites with >= 2 GPUs; with 1 GPU, -LE gpu)
 #   train          mpirun epmoe_train (the main job's training step), 100 steps at E=32 k=4 2048/1024
-#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad* / swap / fused:
+#   sass           cuobjdump --dump-sass of libepmoe, kernels named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_dgrad* / swap / fused:
 #                  PASS iff HGMMA > 0 and no LDL/STL (local memory) in them
 #   sanitizer      compute-sanitizer memcheck + racecheck on test_sm90_experts --gtest_filter=*Small*
 #                  and test_layout_gpu, and on test_backward_gpu's small cases; initcheck + synccheck
@@ -264,9 +264,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_dgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_dgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /[HQ]GMMA/) h[name]++
@@ -339,6 +339,10 @@ stage_sanitizer() {
   # map and reduce, the weight-gradient scatter; T = 0 / 1 and nothing routed
   sanitize_one test_backward_gpu '*h256_f256_w1_uniform_sm90*:*T1:*T0:*all_dropped*' $(( left / 5 )) \
     memcheck,racecheck --report-api-errors no || rc=1
+  # the capturable backward's kernels (dgrad, the device-bounded SwiGLU backward, row_pair_map_ids,
+  # the wgrad kernels on capacity-sized rows): one uncaptured forward(save) + two backwards
+  sanitize_one test_capturable_backward_gpu '*Bf16GradientsAndAccumulate*' $(( left / 12 )) \
+    memcheck,racecheck,initcheck,synccheck --report-api-errors no || rc=1
   # the capturable forward's kernels (layout, slot pack, UP zeroing y, DOWN into y): one graph replayed
   # at every T and the bad token counts; '*' (fused and mock-rank variants too) ran past its share of
   # a 575 s budget three sessions running

@@ -30,9 +30,15 @@ class MoeLayer::Engine {
   virtual void bind_weights(const ExpertWeights& w) = 0;
   // MoeLayer::forward_capturable / check_capturable (the GPU engine's; others have none).
   virtual void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
-                                  const TensorView& y, const int64_t* num_tokens, void* stream) {
-    (void)x, (void)topk_ids, (void)topk_weights, (void)y, (void)num_tokens, (void)stream;
+                                  const TensorView& y, const int64_t* num_tokens, void* stream, bool save) {
+    (void)x, (void)topk_ids, (void)topk_weights, (void)y, (void)num_tokens, (void)stream, (void)save;
     EPMOE_FAIL(ErrorCode::unsupported, "forward_capturable needs the GPU engine (cuda weights)");
+  }
+  virtual void backward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& dy,
+                                   const TensorView& dx, const TensorView& d_topk_weights,
+                                   const ExpertGradients& grads, const int64_t* num_tokens, void* stream) {
+    (void)x, (void)topk_ids, (void)dy, (void)dx, (void)d_topk_weights, (void)grads, (void)num_tokens, (void)stream;
+    EPMOE_FAIL(ErrorCode::unsupported, "backward_capturable needs the GPU engine (cuda weights)");
   }
   virtual void check_capturable(void* stream) { (void)stream; }
   // MoeLayer::forward_mxfp8 (the CPU engine's; the GPU engine's MXFP8 layer takes bf16 x only, yet).
@@ -58,6 +64,9 @@ void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType d
 // The same for backward's arguments against the saved forward (T = that forward's tokens): dy, dx
 // bf16[T, hidden], d_topk_weights f32[T, k], dw1 / dw2 of ExpertWeights' shapes in bf16 or f32;
 // ctx saved by `engine`.
+protocol::Status validate_backward_tensors(const MoeConfig& cfg, int64_t T, const TensorView& dy, const TensorView& dx,
+                                           const TensorView& d_topk_weights, const ExpertGradients& grads,
+                                           DeviceType device);
 protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardContext& ctx, const void* engine,
                                         int64_t T, const TensorView& dy, const TensorView& dx,
                                         const TensorView& d_topk_weights, const ExpertGradients& grads,

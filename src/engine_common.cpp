@@ -61,17 +61,14 @@ protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x
   return s;
 }
 
-protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardContext& ctx, const void* engine,
-                                        int64_t T, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
-                                        const ExpertGradients& g, DeviceType device) {
+protocol::Status validate_backward_tensors(const MoeConfig& cfg, int64_t T, const TensorView& dy, const TensorView& dx,
+                                           const TensorView& dwts, const ExpertGradients& g, DeviceType device) {
   protocol::Status s;
   auto fail = [&](std::string text) {
     s.code = ErrorCode::invalid_argument;
     s.text = std::move(text);
     return s;
   };
-  if (!ctx.saved()) return fail("backward: the context holds no saved forward (pass it to forward(..., save))");
-  if (ctx.state->engine != engine) return fail("backward: the context was saved by another layer");
   const int El = cfg.experts_per_rank();
   for (const std::string& p : {tensor_problem(dy, "dy", DType::bf16, T, cfg.hidden, device),
                                tensor_problem(dx, "dx", DType::bf16, T, cfg.hidden, device),
@@ -89,6 +86,20 @@ protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardCo
                                  t.describe()));
   }
   return s;
+}
+
+protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardContext& ctx, const void* engine,
+                                        int64_t T, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
+                                        const ExpertGradients& g, DeviceType device) {
+  protocol::Status s;
+  auto fail = [&](std::string text) {
+    s.code = ErrorCode::invalid_argument;
+    s.text = std::move(text);
+    return s;
+  };
+  if (!ctx.saved()) return fail("backward: the context holds no saved forward (pass it to forward(..., save))");
+  if (ctx.state->engine != engine) return fail("backward: the context was saved by another layer");
+  return validate_backward_tensors(cfg, T, dy, dx, dwts, g, device);
 }
 
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {

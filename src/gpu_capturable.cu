@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gpu_capturable_buffers.cuh"
 #include "gpu_engine_impl.cuh"
 #include "kernels/ep/capacity_slots.cuh"
 #include "kernels/ep/capturable_layout.cuh"
@@ -35,81 +36,7 @@
 
 namespace epmoe::gpu {
 
-namespace {
-
-constexpr size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
-// Consecutive 256-byte aligned arrays in one buffer: `take` hands out the next one (base null:
-// only sizes, for the allocation).
-struct Carver {
-  char* base = nullptr;
-  size_t used = 0;
-  template <class T>
-  T* take(size_t count) {
-    T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
-    used += align256(std::max<size_t>(count, 1) * sizeof(T));
-    return p;
-  }
-};
-
-// cap_layout_: the expert layout of the local experts' pairs, and the error record.
-struct LayoutArrays {
-  int64_t* offsets;
-  int64_t* error;
-  int32_t* pair_row;
-  float* pair_weight;
-};
-LayoutArrays carve_layout(Carver c, int El, int64_t rows, size_t* bytes = nullptr) {
-  LayoutArrays a;
-  a.offsets = c.take<int64_t>(size_t(El) + 1);
-  a.error = c.take<int64_t>(4);
-  a.pair_row = c.take<int32_t>(size_t(rows));
-  a.pair_weight = c.take<float>(size_t(rows));
-  if (bytes) *bytes = c.used;
-  return a;
-}
-
-// cap_slots_: the slots transport's source and destination buffers (N tokens, W slots of N rows).
-struct SlotArrays {
-  int64_t *status, *send_rows, *send_offsets, *send_pairs, *hdr_send, *hdr_recv;
-  int32_t *token_row, *send_meta, *send_token, *send_meta_slots, *recv_meta;
-  void* layout_ws;
-  size_t layout_ws_bytes;
-  bf16 *send_x, *recv_x, *combine, *back;
-};
-SlotArrays carve_slots(Carver c, const MoeConfig& cfg, int64_t N, size_t* bytes = nullptr) {
-  const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
-  const int mw = protocol::meta_words(cfg.top_k);
-  const size_t slots = size_t(W) * size_t(N), max_rows = size_t(N) * std::min(cfg.top_k, W);
-  SlotArrays a;
-  a.status = c.take<int64_t>(4);
-  a.send_rows = c.take<int64_t>(size_t(W));
-  a.send_offsets = c.take<int64_t>(size_t(W) + 1);
-  a.send_pairs = c.take<int64_t>(size_t(W) * El);
-  a.hdr_send = c.take<int64_t>(size_t(W) * hw);
-  a.hdr_recv = c.take<int64_t>(size_t(W) * hw);
-  a.token_row = c.take<int32_t>(size_t(N) * W);
-  a.send_meta = c.take<int32_t>(max_rows * mw);
-  a.send_token = c.take<int32_t>(max_rows);
-  a.send_meta_slots = c.take<int32_t>(slots * mw);
-  a.recv_meta = c.take<int32_t>(slots * mw);
-  a.layout_ws_bytes = kernels::dispatch_layout_workspace_bytes(N, W);
-  a.layout_ws = c.take<char>(a.layout_ws_bytes);
-  a.send_x = c.take<bf16>(slots * cfg.hidden);
-  a.recv_x = c.take<bf16>(slots * cfg.hidden);
-  a.combine = c.take<bf16>(slots * cfg.hidden);
-  a.back = c.take<bf16>(slots * cfg.hidden);
-  if (bytes) *bytes = c.used;
-  return a;
-}
-
-// A plane of W equal blocks of `bytes` each way (protocol::make_plane with one "row" per peer).
-AlltoallvPlane equal_plane(const void* send, void* recv, int W, size_t bytes) {
-  const std::vector<int64_t> one(size_t(W), 1);
-  return protocol::make_plane(send, recv, one, one, bytes);
-}
-
-}  // namespace
+using namespace capturable;
 
 void GpuEngine::init_capturable() {
   const int El = cfg.experts_per_rank(), W = cfg.world_size;
@@ -144,7 +71,7 @@ void GpuEngine::init_capturable() {
 }
 
 void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& wts,
-                                   const TensorView& y, const int64_t* num_tokens, void* stream) {
+                                   const TensorView& y, const int64_t* num_tokens, void* stream, bool save) {
   EPMOE_CHECK(opt_.max_tokens_per_rank > 0, ErrorCode::invalid_argument,
               "forward_capturable: the layer was built without LayerOptions::max_tokens_per_rank");
   DeviceGuard guard(device_);
@@ -163,9 +90,19 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   EPMOE_CHECK(attr.type == cudaMemoryTypeManaged || (attr.type == cudaMemoryTypeDevice && attr.device == device_),
               ErrorCode::invalid_argument, "forward_capturable: num_tokens must be device memory of cuda:", device_,
               " (it is read when the work runs, so a graph replays at any count)");
+  if (save) {
+    check_capturable_backward("forward_capturable(save)");
+    if (!cap_bwd_.fits(1)) init_capturable_backward(s);
+  }
   NvtxRange range("forward_capturable");
   const int El = cfg.experts_per_rank(), W = cfg.world_size, k = cfg.top_k;
   const LayoutArrays lay = carve_layout({static_cast<char*>(cap_layout_.as<void>())}, El, cap_rows_);
+  // Under rows_and_preactivation a saving forward's UP also stores h for the backward.
+  __nv_bfloat16* keep_h = nullptr;
+  if (save && opt_.save_policy == SavePolicy::rows_and_preactivation)
+    keep_h = reinterpret_cast<__nv_bfloat16*>(
+        carve_backward({static_cast<char*>(cap_bwd_.as<void>())}, cfg, cap_rows_, cap_input_rows(), cap_slots_on_).h);
+  cap_saved_ = {save, x.data, ids.data, N};
   const kernels::ExpertWeightsView w{w1_, w2_, El, cfg.hidden, cfg.ffn};
   const kernels::ExpertLayoutView layout{lay.offsets, lay.pair_row, lay.pair_weight, cap_rows_};
   auto experts = [&](const bf16* xr, bf16* out, int64_t rows) {
@@ -174,6 +111,7 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
         reinterpret_cast<__nv_bfloat16*>(out), rows, /*zero_out=*/true);
     prob.pairs = rows * std::min(k, El);  // the bound at capacity (the plan is fixed for every replay)
     prob.out_acc = cap_fused_acc_.as<float>();  // (null unless sized for these rows at construction)
+    prob.preact = keep_h;                       // (a saving forward: the split kernels, which store h)
     const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
     kernels::sm90_experts_launch(prob, plan, s);
   };

@@ -63,14 +63,26 @@ class GpuEngine final : public MoeLayer::Engine {
   // gpu_capturable.cu: the capturable forward (local: layout, UP, DOWN straight into y; slots: the
   // dispatch and combine as fixed-size slot all-to-alls around them).
   void forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                          const int64_t* num_tokens, void* stream) override;
+                          const int64_t* num_tokens, void* stream, bool save) override;
   void check_capturable(void* stream) override;
+  // gpu_capturable_backward.cu: the capturable backward on the saved capturable forward.
+  void backward_capturable(const TensorView& x, const TensorView& ids, const TensorView& dy, const TensorView& dx,
+                           const TensorView& dwts, const ExpertGradients& grads, const int64_t* num_tokens,
+                           void* stream) override;
   GpuDispatchView dispatch_view() const;
 
  private:
   void destroy() noexcept;
   // gpu_capturable.cu: the capturable forward's buffers for LayerOptions::max_tokens_per_rank.
   void init_capturable();
+  // The capturable backward's requirements (throws) and its buffers (cap_bwd_, at the first saving
+  // forward_capturable; refused under capture).
+  void check_capturable_backward(const char* who) const;
+  void init_capturable_backward(cudaStream_t s);
+  // The rows the capturable layout reads: N (local) or W slots of N (slots transport).
+  int64_t cap_input_rows() const {
+    return cap_slots_on_ ? int64_t(cfg.world_size) * opt_.max_tokens_per_rank : opt_.max_tokens_per_rank;
+  }
   // Arguments on another device than the weights fail like any bad argument (in the exchange).
   protocol::Status check_devices(std::initializer_list<std::pair<const TensorView*, const char*>> args) const;
 
@@ -163,7 +175,7 @@ class GpuEngine final : public MoeLayer::Engine {
                       &recv_meta_, &combine_,   &xs_,        &act_,        &pair_row_,  &pair_weight_,
                       &expert_ws_, &cublas_ws_, &b_dys_,     &b_da_,       &b_dh_,      &b_act_s_,  &b_dxp_,
                       &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_, &cap_layout_, &cap_act_,
-                      &cap_slots_, &det_pair_out_, &det_row_pair_, &fused_acc_, &cap_fused_acc_};
+                      &cap_slots_, &det_pair_out_, &det_row_pair_, &fused_acc_, &cap_fused_acc_, &cap_bwd_};
   }
 
   // the capturable forward's (sized once, for max_tokens_per_rank; gpu_capturable.cu carves them):
@@ -172,6 +184,15 @@ class GpuEngine final : public MoeLayer::Engine {
   DeviceBuffer cap_fused_acc_;  // (sized at construction where a capturable plan can be fused; else null)
   int64_t cap_rows_ = 0;
   bool cap_slots_on_ = false;  // the slots transport (else local)
+  // the capturable backward's scratch (gpu_capturable_buffers.cuh: carve_backward), and what the
+  // last capturable forward queued (host order = the order a graph replays them in)
+  DeviceBuffer cap_bwd_;
+  struct CapturableSaved {
+    bool on = false;  // the last forward_capturable saved
+    const void* x = nullptr;
+    const void* ids = nullptr;
+    int64_t N = 0;
+  } cap_saved_;
 
   std::vector<int64_t> recv_hdr_;
   int64_t last_recv_rows_ = 0;

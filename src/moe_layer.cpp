@@ -69,8 +69,14 @@ void MoeLayer::backward(const MoeForwardContext& ctx, const TensorView& dy, cons
 }
 
 void MoeLayer::forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& w,
-                                  const TensorView& y, const int64_t* num_tokens, void* stream) {
-  engine_->forward_capturable(x, ids, w, y, num_tokens, stream);
+                                  const TensorView& y, const int64_t* num_tokens, void* stream, bool save) {
+  engine_->forward_capturable(x, ids, w, y, num_tokens, stream, save);
+}
+
+void MoeLayer::backward_capturable(const TensorView& x, const TensorView& ids, const TensorView& dy,
+                                   const TensorView& dx, const TensorView& d_topk_weights,
+                                   const ExpertGradients& grads, const int64_t* num_tokens, void* stream) {
+  engine_->backward_capturable(x, ids, dy, dx, d_topk_weights, grads, num_tokens, stream);
 }
 
 void MoeLayer::check_capturable(void* stream) { engine_->check_capturable(stream); }

@@ -12,8 +12,8 @@ constexpr int kThreads = 256;
 // row's local ids.
 __global__ void __launch_bounds__(kThreads)
     row_pair_map_kernel(const int64_t* __restrict__ padded_offsets, int experts, const int32_t* __restrict__ pair_row,
-                        int64_t pairs, const int32_t* __restrict__ recv_meta, int64_t recv_rows, int top_k,
-                        int32_t* __restrict__ row_pair) {
+                        int64_t pairs, const int32_t* __restrict__ recv_meta, int meta_stride, int ids_offset,
+                        int64_t recv_rows, int top_k, int32_t* __restrict__ row_pair) {
   const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
   if (i >= pairs || i >= padded_offsets[experts]) return;
   const int32_t r = pair_row[i];
@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads)
     if (padded_offsets[mid] <= i) lo = mid;
     else hi = mid - 1;
   }
-  const int32_t* ids = recv_meta + int64_t(r) * (1 + 2 * top_k) + 1;
+  const int32_t* ids = recv_meta + int64_t(r) * meta_stride + ids_offset;
   for (int j = 0; j < top_k; ++j)
     if (ids[j] == lo) {
       row_pair[int64_t(r) * top_k + j] = int32_t(i);
@@ -73,18 +73,32 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-void row_pair_map_launch(const int64_t* padded_offsets, int experts, const int32_t* pair_row, int64_t pairs,
-                         const int32_t* recv_meta, int64_t recv_rows, int top_k, int32_t* row_pair,
-                         cudaStream_t stream) {
+namespace {
+void row_pair_map_any(const int64_t* padded_offsets, int experts, const int32_t* pair_row, int64_t pairs,
+                      const int32_t* meta, int meta_stride, int ids_offset, int64_t recv_rows, int top_k,
+                      int32_t* row_pair, cudaStream_t stream) {
   EPMOE_CHECK(experts > 0 && top_k > 0, ErrorCode::internal, "row_pair_map: experts and top_k must be positive");
   if (recv_rows == 0) return;
   EPMOE_CUDA_CHECK(cudaMemsetAsync(row_pair, 0xff, size_t(recv_rows) * top_k * sizeof(int32_t), stream));
   if (pairs == 0) return;
   const int64_t blocks = (pairs + kThreads - 1) / kThreads;
   EPMOE_CHECK(blocks <= 0x7fffffff, ErrorCode::internal, "row_pair_map: too many pairs: ", pairs);
-  row_pair_map_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(padded_offsets, experts, pair_row, pairs, recv_meta,
-                                                                 recv_rows, top_k, row_pair);
+  row_pair_map_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(padded_offsets, experts, pair_row, pairs, meta,
+                                                                 meta_stride, ids_offset, recv_rows, top_k, row_pair);
   EPMOE_CUDA_CHECK_LAUNCH("row_pair_map_kernel");
+}
+}  // namespace
+
+void row_pair_map_launch(const int64_t* padded_offsets, int experts, const int32_t* pair_row, int64_t pairs,
+                         const int32_t* recv_meta, int64_t recv_rows, int top_k, int32_t* row_pair,
+                         cudaStream_t stream) {
+  row_pair_map_any(padded_offsets, experts, pair_row, pairs, recv_meta, 1 + 2 * top_k, 1, recv_rows, top_k, row_pair,
+                   stream);
+}
+
+void row_pair_map_ids_launch(const int64_t* padded_offsets, int experts, const int32_t* pair_row, int64_t pairs,
+                             const int32_t* topk_ids, int64_t rows, int top_k, int32_t* row_pair, cudaStream_t stream) {
+  row_pair_map_any(padded_offsets, experts, pair_row, pairs, topk_ids, top_k, 0, rows, top_k, row_pair, stream);
 }
 
 void reduce_row_pairs_launch(const __nv_bfloat16* dxp, const float* ds_pair, const int32_t* row_pair,

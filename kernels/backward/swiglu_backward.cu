@@ -21,10 +21,10 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
 __global__ void __launch_bounds__(kThreads)
     swiglu_backward_kernel(const uint4* __restrict__ h, const uint4* __restrict__ da, const int32_t* __restrict__ pair_row,
                            const float* __restrict__ pair_weight, int64_t rows, int vecs, uint4* __restrict__ dh,
-                           uint4* __restrict__ act_s, float* __restrict__ ds) {
+                           uint4* __restrict__ act_s, float* __restrict__ ds, const int64_t* __restrict__ rows_total) {
   const int64_t i = int64_t(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = int(threadIdx.x & 31);
-  if (i >= rows) return;
+  if (i >= rows || (rows_total != nullptr && i >= *rows_total)) return;
   const uint4* hg = h + i * 2 * vecs;  // vecs = ffn / 8 chunks of 8 columns
   const uint4* hu = hg + vecs;
   const uint4* t = da + i * vecs;
@@ -71,14 +71,14 @@ __global__ void __launch_bounds__(kThreads)
 
 void swiglu_backward_launch(const __nv_bfloat16* h, const __nv_bfloat16* da, const int32_t* pair_row,
                             const float* pair_weight, int64_t rows, int ffn, __nv_bfloat16* dh, __nv_bfloat16* act_s,
-                            float* ds, cudaStream_t stream) {
+                            float* ds, cudaStream_t stream, const int64_t* rows_total) {
   EPMOE_CHECK(ffn > 0 && ffn % 8 == 0, ErrorCode::internal, "swiglu_backward: ffn must be a multiple of 8, got ", ffn);
   if (rows == 0) return;
   const int64_t blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
   EPMOE_CHECK(blocks <= 0x7fffffff, ErrorCode::internal, "swiglu_backward: too many rows: ", rows);
   swiglu_backward_kernel<<<unsigned(blocks), kThreads, 0, stream>>>(
       reinterpret_cast<const uint4*>(h), reinterpret_cast<const uint4*>(da), pair_row, pair_weight, rows, ffn / 8,
-      reinterpret_cast<uint4*>(dh), reinterpret_cast<uint4*>(act_s), ds);
+      reinterpret_cast<uint4*>(dh), reinterpret_cast<uint4*>(act_s), ds, rows_total);
   EPMOE_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
 }
 

@@ -4,7 +4,9 @@
 //   (row, local slot), slots in the row's local-id order) -> dw[T, k] f32:
 //     dw[t, j] = returned[token_row[t, r] * k + n] for e = ids[t, j] >= 0, r = e / experts_per_rank,
 //                n = the slots j' < j of token t that went to rank r; 0 for a dropped slot (-1).
-// Bit-exact with protocol::scatter_weight_grads.
+// Bit-exact with protocol::scatter_weight_grads. device_num_tokens (optional, device): tokens at or
+// past it get 0 (the capturable backward, whose ids past the count are not routing); an id past the
+// experts (a corrupt forward, flagged there) gives NaN instead of a read out of bounds.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -14,6 +16,6 @@ namespace epmoe::kernels {
 
 void scatter_weight_grads_launch(const int32_t* ids, const int32_t* token_row, const float* returned,
                                  int64_t num_tokens, int top_k, int world, int experts_per_rank, float* dw,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const int64_t* device_num_tokens = nullptr);
 
 }  // namespace epmoe::kernels

@@ -62,6 +62,15 @@ CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t col
   return encode(base, 2, dims, strides, box, "matrix map");
 }
 
+CUtensorMap make_expert_matrix_map(const __nv_bfloat16* base, int experts, int64_t rows, int64_t cols, int box_rows) {
+  EPMOE_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0, ErrorCode::invalid_argument,
+              "expert matrix map: bad shape ", experts, " x ", rows, " x ", cols);
+  const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(experts)};
+  const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(rows) * cuuint64_t(cols) * 2};
+  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
+  return encode(base, 3, dims, strides, box, "expert matrix map");
+}
+
 CUtensorMap make_preact_map(const __nv_bfloat16* h, int64_t rows, int ffn) {
   EPMOE_CHECK(rows > 0 && ffn > 0 && ffn % 8 == 0, ErrorCode::invalid_argument, "preact map: bad shape ", rows,
               " x 2*", ffn);

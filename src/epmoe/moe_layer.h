@@ -189,10 +189,25 @@ class MoeLayer {
   // device for check_capturable. Shapes, dtypes and devices are checked on the host (throws).
   // Collective like forward (every rank calls it, or replays its graph, the same number of times);
   // the transport between ranks moves fixed-size slots of N rows (LayerOptions::
-  // capturable_transport). A rank's bad routing fails only that rank's rows. Saves nothing for
-  // backward.
+  // capturable_transport). A rank's bad routing fails only that rank's rows.
+  // save: also keep what backward_capturable needs, in the layer's own buffers (the layout, the
+  // received rows, h under rows_and_preactivation): one saved capturable forward per layer at a
+  // time, the next forward_capturable replaces it. The first saving call sizes those buffers, so it
+  // must not be under capture (warm up once, as before any capture).
   void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
-                          const TensorView& y, const int64_t* num_tokens, void* stream = nullptr);
+                          const TensorView& y, const int64_t* num_tokens, void* stream = nullptr, bool save = false);
+  // The gradients of the last forward_capturable(..., save = true), as capturable work like it (no
+  // host sync, nothing read on the host): x and topk_ids are that forward's (the same buffers,
+  // unchanged), num_tokens the same device count; dy, dx bf16[N, hidden], d_topk_weights f32[N, k]
+  // (rows past the count written as 0) and the expert weight gradients (bf16 or f32; accumulate
+  // adds). Collective like the forward: dy travels in the forward's slots, dx and the weight
+  // gradients come back in them. Runs the sm_90 dgrad / wgrad kernels, which need hidden and ffn
+  // multiples of 256 (Error(unsupported) otherwise, on every rank alike: the shapes are the
+  // config's). After a forward that recorded a failure (check_capturable) the gradients are not
+  // meaningful.
+  void backward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& dy, const TensorView& dx,
+                           const TensorView& d_topk_weights, const ExpertGradients& grads, const int64_t* num_tokens,
+                           void* stream = nullptr);
   // Waits for `stream`, then throws the first failure that the capturable forwards queued so far
   // recorded (Error with its code and the token, slot and id), clearing it; returns if none.
   void check_capturable(void* stream = nullptr);

@@ -60,6 +60,7 @@ class Dev {
   Dev(const Dev&) = delete;
   Dev& operator=(const Dev&) = delete;
   T* get() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
   void poison(int byte) {
     ck(cudaMemset(p_, byte, std::max<size_t>(n_, 1) * sizeof(T)), "poison");
     ck(cudaDeviceSynchronize(), "poison sync");
