@@ -11,7 +11,9 @@
 // events around one replay (graph) or one forward call (regular; it waits on the host for its count
 // exchange, so its events include that gap), and the regular forward in deterministic mode (determ_us). --plan: an sm_90 plan override for both (epmoe/sm90_plan.h;
 // e.g. swap=off to time the 128-row kernels where the heuristics pick swap-AB). Each T's graph output is checked on sampled tokens
-// against reference_moe (fp64), and its rows past T must be zero.
+// against reference_moe (fp64), and its rows past T must be zero. Training columns: one graph of
+// forward_capturable(save) + backward_capturable (train_graph_us) beside the regular forward(save) +
+// backward (train_regular_us; host-synchronising), f32 weight gradients, LayerOptions' save policy.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -104,6 +106,12 @@ int main(int argc, char** argv) {
   fill_normal_bf16(hx.data(), int64_t(hx.size()), stream_key(seed, kTagX, 0, 0), 1.f);
   route_softmax_topk(stream_key(seed, kTagLogits, 0, 0), N, s.E, s.k, hids.data(), hw.data());
   DevMem x(hx.size() * 2), ids(hids.size() * 4), wts(hw.size() * 4), y(hx.size() * 2), d_T(8);
+  DevMem dy(hx.size() * 2), dx(hx.size() * 2), dwts(hw.size() * 4), dw1(size_t(s.E) * n1 * 4), dw2(size_t(s.E) * n2 * 4);
+  {
+    std::vector<bf16> hdy(hx.size());
+    fill_normal_bf16(hdy.data(), int64_t(hdy.size()), stream_key(seed, kTagX, 1, 0), 1.f);
+    EPMOE_CUDA_CHECK(cudaMemcpy(dy.p, hdy.data(), hdy.size() * 2, cudaMemcpyHostToDevice));
+  }
   EPMOE_CUDA_CHECK(cudaMemcpy(x.p, hx.data(), hx.size() * 2, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(ids.p, hids.data(), hids.size() * 4, cudaMemcpyHostToDevice));
   EPMOE_CUDA_CHECK(cudaMemcpy(wts.p, hw.data(), hw.size() * 4, cudaMemcpyHostToDevice));
@@ -148,12 +156,35 @@ int main(int argc, char** argv) {
                            view(wts, DType::f32, {N, s.k}), view(y, DType::bf16, {N, s.hidden}), d_T.as<int64_t>(), st);
   EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
   EPMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // The training graph: forward(save) + backward. The first saving forward sizes the backward's
+  // buffers, so it runs once before the capture.
+  ExpertGradients grads;
+  grads.dw1 = view(dw1, DType::f32, {s.E, 2 * int64_t(s.ffn), s.hidden});
+  grads.dw2 = view(dw2, DType::f32, {s.E, int64_t(s.hidden), s.ffn});
+  auto train_step = [&] {
+    layer.forward_capturable(view(x, DType::bf16, {N, s.hidden}), view(ids, DType::i32, {N, s.k}),
+                             view(wts, DType::f32, {N, s.k}), view(y, DType::bf16, {N, s.hidden}), d_T.as<int64_t>(), st,
+                             /*save=*/true);
+    layer.backward_capturable(view(x, DType::bf16, {N, s.hidden}), view(ids, DType::i32, {N, s.k}),
+                              view(dy, DType::bf16, {N, s.hidden}), view(dx, DType::bf16, {N, s.hidden}),
+                              view(dwts, DType::f32, {N, s.k}), grads, d_T.as<int64_t>(), st);
+  };
+  EPMOE_CUDA_CHECK(cudaMemset(d_T.p, 0, 8));
+  EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
+  train_step();
+  EPMOE_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t train_graph;
+  cudaGraphExec_t train_exec;
+  EPMOE_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  train_step();
+  EPMOE_CUDA_CHECK(cudaStreamEndCapture(st, &train_graph));
+  EPMOE_CUDA_CHECK(cudaGraphInstantiate(&train_exec, train_graph, 0));
 
   std::printf("# epmoe_bench_capturable: E=%d k=%d hidden=%d ffn=%d capacity N=%lld, world 1, transport %s, "
               "HBM read %.2f TB/s, plan override '%s'\n", s.E, s.k, s.hidden, s.ffn, (long long)N, transport_name, read_tbs,
               plan_spec.c_str());
-  std::printf("#%7s %8s %10s %11s %8s %12s %8s %11s %9s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
-              "regular_us", "speedup", "determ_us", "check");
+  std::printf("#%7s %8s %10s %11s %8s %12s %8s %11s %9s %15s %17s\n", "T", "experts", "floor_us", "graph_us", "x_floor",
+              "regular_us", "speedup", "determ_us", "check", "train_graph_us", "train_regular_us");
   std::string rows;
   bool all_ok = true;
   for (int64_t T : counts) {
@@ -196,14 +227,23 @@ int main(int argc, char** argv) {
       });
     };
     const double rg = regular(layer), dg = regular(layer_det);
+    const double tg = time_us([&] { EPMOE_CUDA_CHECK(cudaGraphLaunch(train_exec, st)); });
+    const double tr = time_us([&] {
+      MoeForwardContext ctx;
+      layer.forward(view(x, DType::bf16, {T, s.hidden}), view(ids, DType::i32, {T, s.k}),
+                    view(wts, DType::f32, {T, s.k}), view(y, DType::bf16, {T, s.hidden}), st, &ctx);
+      layer.backward(ctx, view(dy, DType::bf16, {T, s.hidden}), view(dx, DType::bf16, {T, s.hidden}),
+                     view(dwts, DType::f32, {T, s.k}), grads, st);
+    });
     char check[32];
     std::snprintf(check, sizeof check, "%s %.1e", ok ? "ok" : "FAIL", rel);
-    std::printf(" %7lld %8d %10.2f %11.2f %8.2f %12.2f %8.2f %11.2f %9s\n", (long long)T, nt, floor_us, g,
-                floor_us > 0 ? g / floor_us : 0.0, rg, rg / g, dg, check);
+    std::printf(" %7lld %8d %10.2f %11.2f %8.2f %12.2f %8.2f %11.2f %9s %15.2f %17.2f\n", (long long)T, nt, floor_us, g,
+                floor_us > 0 ? g / floor_us : 0.0, rg, rg / g, dg, check, tg, tr);
     std::fflush(stdout);
     rows += std::string(rows.empty() ? "" : ",\n") + "    {\"T\": " + std::to_string(T) +
             ", \"experts_touched\": " + std::to_string(nt) + ", \"floor_us\": " + json_num(floor_us) +
-            ", \"graph_us\": " + json_num(g) + ", \"regular_us\": " + json_num(rg) + ", \"deterministic_us\": " + json_num(dg) + ", \"check_rel_l2\": " +
+            ", \"graph_us\": " + json_num(g) + ", \"regular_us\": " + json_num(rg) + ", \"deterministic_us\": " + json_num(dg) +
+            ", \"train_graph_us\": " + json_num(tg) + ", \"train_regular_us\": " + json_num(tr) + ", \"check_rel_l2\": " +
             json_num(rel) + ", \"ok\": " + (ok ? "true" : "false") + "}";
   }
   if (!json.empty()) {
@@ -219,5 +259,7 @@ int main(int argc, char** argv) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+  cudaGraphExecDestroy(train_exec);
+  cudaGraphDestroy(train_graph);
   return all_ok ? 0 : 1;
 }

@@ -38,9 +38,42 @@ namespace epmoe::test {
 namespace {
 
 constexpr Tolerance kTolerance{1.0 / 32, 1.0 / 32, 1e-2};
-constexpr int kE = 16, kK = 4, kHidden = 2048, kFfn = 256;
+// hidden 512 / ffn 256: the smallest shape with two dgrad column tiles (dx) and several K stages in
+// both dgrads (4 and 8) that the 256-multiple kernels take; small enough for the fp64 references.
+constexpr int kE = 8, kK = 4, kHidden = 512, kFfn = 256;
 constexpr int64_t kN = 80;  // max_tokens_per_rank: the graph's rows
 constexpr uint64_t kSeed = 7301;
+
+// The seed's weights, made once (bf16 for the layers and the forward reference, fp64 for the
+// backward reference).
+const ModelWeights& weights_bf16() {
+  static const ModelWeights M = make_weights(kE, kHidden, kFfn, kSeed);
+  return M;
+}
+std::vector<double> to_f64(const std::vector<bf16>& v) {
+  std::vector<double> d(v.size());
+  for (size_t i = 0; i < v.size(); ++i) d[i] = v[i].f();
+  return d;
+}
+const std::vector<double>& weights_f64(int which) {
+  static const std::vector<double> w1 = to_f64(weights_bf16().w1), w2 = to_f64(weights_bf16().w2);
+  return which == 0 ? w1 : w2;
+}
+// reference_grads(c, 0) of a world-1 case on the cached weights.
+ReferenceGrads reference_local(const EpCase& c) {
+  const int64_t T = c.tokens_of(0);
+  const std::vector<bf16> x = make_x(c.seed, 0, T, kHidden), dy = dy_of(c, 0);
+  const Routing R = routing_of(c, 0);
+  const std::vector<double> xd = to_f64(x), dyd = to_f64(dy), wd(R.weights.begin(), R.weights.end());
+  ReferenceGrads g;
+  g.dx.resize(xd.size());
+  g.dwts.resize(wd.size());
+  g.dw1.resize(weights_f64(0).size());
+  g.dw2.resize(weights_f64(1).size());
+  reference_moe_backward_f64(xd.data(), R.ids.data(), wd.data(), T, kK, weights_f64(0).data(), weights_f64(1).data(),
+                             kE, kHidden, kFfn, dyd.data(), g.dx.data(), g.dwts.data(), g.dw1.data(), g.dw2.data());
+  return g;
+}
 
 class CapturableBackwardGpu : public ::testing::Test {
  protected:
@@ -73,8 +106,8 @@ struct Rank {
        DType grad_dtype = DType::f32)
       : W(world), r(rank), El(kE / world),
         cfg{.num_experts = kE, .top_k = kK, .hidden = kHidden, .ffn = kFfn, .world_size = world, .rank = rank},
-        w1(shard(make_weights(kE, kHidden, kFfn, kSeed).w1, rank, kE / world, size_t(2) * kFfn * kHidden)),
-        w2(shard(make_weights(kE, kHidden, kFfn, kSeed).w2, rank, kE / world, size_t(kHidden) * kFfn)),
+        w1(shard(weights_bf16().w1, rank, kE / world, size_t(2) * kFfn * kHidden)),
+        w2(shard(weights_bf16().w2, rank, kE / world, size_t(kHidden) * kFfn)),
         gd(grad_dtype),
         dw1(size_t(kE / world) * 2 * kFfn * kHidden * (grad_dtype == DType::f32 ? 4 : 2)),
         dw2(size_t(kE / world) * kHidden * kFfn * (grad_dtype == DType::f32 ? 4 : 2)) {
@@ -158,7 +191,7 @@ struct Rank {
     const std::vector<float> hdw = dwts.host();
     const Routing R = routing_of(c, r);
     std::vector<float> yref(size_t(T) * kHidden);
-    const ModelWeights M = make_weights(kE, kHidden, kFfn, kSeed);
+    const ModelWeights& M = weights_bf16();
     const std::vector<bf16> hx = make_x(c.seed, r, T, kHidden);
     reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
                   yref.data());
@@ -222,7 +255,7 @@ void graph_replays(CapturableTransport transport, SavePolicy policy) {
     rk.upload(c);
     ck(cudaGraphLaunch(exec, rk.stream), "replay");
     ck(cudaStreamSynchronize(rk.stream), "sync");
-    const std::string why = rk.check(c, reference_grads(c, 0));
+    const std::string why = rk.check(c, reference_local(c));
     EXPECT_EQ(why, "");
     EXPECT_NO_THROW(rk.layer->check_capturable(rk.stream));
     right += why.empty();
@@ -252,7 +285,7 @@ TEST_F(CapturableBackwardGpu, Bf16GradientsAndAccumulate) {
   rk.forward();
   rk.backward();
   ck(cudaStreamSynchronize(rk.stream), "sync");
-  EXPECT_EQ(rk.check(c, reference_grads(c, 0)), "");
+  EXPECT_EQ(rk.check(c, reference_local(c)), "");
   const std::vector<float> once1 = rk.widen(rk.dw1), once2 = rk.widen(rk.dw2);
   rk.backward(/*accumulate=*/true);
   ck(cudaStreamSynchronize(rk.stream), "sync");
@@ -332,7 +365,8 @@ TEST_F(CapturableBackwardGpu, HostErrors) {
   });
   rk.backward();  // still works after the refusals
   ck(cudaStreamSynchronize(rk.stream), "sync");
-  EXPECT_EQ(rk.check(make_case(1, {9}, RoutingKind::uniform, 1), reference_grads(make_case(1, {9}, RoutingKind::uniform, 1), 0)), "");
+  const EpCase c9 = make_case(1, {9}, RoutingKind::uniform, 1);
+  EXPECT_EQ(rk.check(c9, reference_local(c9)), "");
 
   // The first saving forward of a layer under capture: refused (it sizes buffers).
   Rank fresh(1, 0, single_comm(), CapturableTransport::local, SavePolicy::rows_recompute);
