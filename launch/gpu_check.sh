@@ -22,7 +22,8 @@
 #   bench_decode   epmoe_bench_experts --forms at issue 48's decode shapes (auto, 128-row, swap-AB and fused
 #                  side by side with the weight floor) + baseline_moe.py on them (compare_decode.txt)
 #   bench_mxfp8    epmoe_bench_mxfp8: the MXFP8 layer beside the bf16 one at decode sizes, both weight
-#                  floors, L2 evicted per replay (logs/bench_mxfp8.json)
+#                  floors, L2 evicted per replay (logs/bench_mxfp8.json), + launch/baseline_fp8.py (torch's
+#                  scaled grouped GEMM, E4M3 rowwise) joined by launch/compare_fp8.py
 #   bench_dims16   epmoe_bench_experts at hidden / ffn multiples of 16 beside the nearest multiples of 128
 #                  (same E, k, T), launch/dims16_compare.py: time per FLOP ratio (issue 48, goal <= 1.10)
 #   bench_capturable  epmoe_bench_capturable: forward_capturable under graph replay at T = 0..512 vs the
@@ -402,8 +403,13 @@ stage_bench_decode() {
 stage_bench_mxfp8() {
   local bin=$BUILD/src/programs/epmoe_bench_mxfp8 rc=0
   [[ -x $bin ]] || { KEY_FIG="missing $bin"; return 1; }
-  tmo --max $(( STAGE_DEADLINE - SECONDS )) "$bin" --shapes "32,4,2048,1024;128,8,2048,768" --tokens 1,8,64,128 \
+  tmo --max $(( (STAGE_DEADLINE - SECONDS) / 2 )) "$bin" --shapes "32,4,2048,1024;128,8,2048,768" --tokens 1,8,64,128 \
     --json "$LOGS/bench_mxfp8.json" || rc=$?
+  # torch's scaled grouped GEMM on the same shapes (E4M3 rowwise on sm_90), joined with ours
+  tmo --max $(( STAGE_DEADLINE - SECONDS - 2 )) python3 launch/baseline_fp8.py --shapes "32,4,2048,1024;128,8,2048,768" \
+    --tokens 1,8,64,128 --json "$LOGS/baseline_fp8.json" || rc=$?
+  [[ -f $LOGS/bench_mxfp8.json && -f $LOGS/baseline_fp8.json ]] &&
+    python3 launch/compare_fp8.py "$LOGS/bench_mxfp8.json" "$LOGS/baseline_fp8.json"
   KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | awk '{printf "T=1: mxfp8 %s us, bf16 auto %s us, mx floor %s us", $8, $6, $11}')
   KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
   return $rc
@@ -561,7 +567,7 @@ run_stage sass 60 stage_sass
 run_stage sanitizer 270 stage_sanitizer
 run_stage bench_experts 240 stage_bench_experts
 run_stage bench_decode 120 stage_bench_decode
-run_stage bench_mxfp8 90 stage_bench_mxfp8
+run_stage bench_mxfp8 150 stage_bench_mxfp8
 run_stage bench_dims16 90 stage_bench_dims16
 run_stage bench_capturable 90 stage_bench_capturable
 run_stage bench_ep 180 stage_bench_ep
