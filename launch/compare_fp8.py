@@ -17,13 +17,13 @@ def main():
         return 2
     ours = json.load(open(sys.argv[1]))["points"]
     torch_pts = {(p["E"], p["k"], p["hidden"], p["ffn"], p["T"]): p for p in json.load(open(sys.argv[2]))["points"]}
-    print("#  E  k  hidden   ffn      T | bf16 auto us  mxfp8 us | torch fp8 us | torch fp8 / mxfp8  torch fp8 / bf16")
+    print("#  E  k  hidden   ffn      T | bf16 auto us  mxfp8 us  form | torch fp8 us | torch fp8 / mxfp8  torch fp8 / bf16")
     for p in ours:
         t = torch_pts.get((p["E"], p["k"], p["hidden"], p["ffn"], p["T"]))
         tf = t["fp8_us"] if t else math.nan
         err = f"  ({t['error']})" if t and t.get("error") else ""
         print(f"{p['E']:4d} {p['k']:2d} {p['hidden']:7d} {p['ffn']:5d} {p['T']:6d} | {p['bf16_auto_us']:12.1f} "
-              f"{p['mxfp8_us']:9.1f} | {tf:12.1f} | {tf / p['mxfp8_us']:17.2f} {tf / p['bf16_auto_us']:17.2f}{err}")
+              f"{p['mxfp8_us']:9.1f}  {p.get('mx_form', 'swap'):4s} | {tf:12.1f} | {tf / p['mxfp8_us']:17.2f} {tf / p['bf16_auto_us']:17.2f}{err}")
     return 0
 
 

@@ -37,6 +37,7 @@
 #include "kernels/fallback/cublas_experts.cuh"
 #include "kernels/fallback/gather_rows.cuh"
 #include "kernels/sm90/experts.cuh"
+#include "kernels/heuristics/mx_heuristics.h"
 #include "kernels/sm90/swap_mx.cuh"
 
 namespace epmoe::gpu {
@@ -68,9 +69,11 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
                 cfg.hidden, ", ffn ", cfg.ffn, ")");
     EPMOE_CHECK(opt.expert_path == ExpertPath::automatic || opt.expert_path == ExpertPath::sm90,
                 ErrorCode::unsupported, "an MXFP8 layer runs the sm_90 MX kernels: expert_path must be automatic or sm90");
-    EPMOE_CHECK(opt.max_tokens_per_rank == 0 && !opt.deterministic && opt.sm90_plan.empty(), ErrorCode::unsupported,
+    Sm90PlanOverride rest = opt.sm90_plan;  // an MXFP8 layer reads only the form (swap=on|off) of a plan
+    rest.swap_ab.reset();
+    EPMOE_CHECK(opt.max_tokens_per_rank == 0 && !opt.deterministic && rest.empty(), ErrorCode::unsupported,
                 "an MXFP8 layer on cuda has no capturable forward (max_tokens_per_rank), no deterministic mode and "
-                "no sm90_plan override yet");
+                "takes of an sm90_plan override only swap=on|off (its swap-AB or tile form)");
   }
 
   switch (mx_ ? ExpertPath::sm90 : opt.expert_path) {
@@ -494,6 +497,9 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       m.act = act_.as<uint8_t>();
       m.out = combine_.as<__nv_bfloat16>(), m.out_rows = R;
       m.rows_capacity = P, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
+      const bool tile = opt_.sm90_plan.swap_ab ? !*opt_.sm90_plan.swap_ab
+                                               : kernels::mx_tile_form_pays(f.plan.total_pairs(), El);
+      m.form = tile ? kernels::MxForm::tile : kernels::MxForm::swap;
       kernels::sm90_mx_experts_launch(m, s);
     } else if (saving_h) {
       run_experts_saving_h(f, prob, s);

@@ -1,4 +1,5 @@
-// The MXFP8 expert pipeline on sm_90a, swap-AB form (issue 50; the decode and small-batch path):
+// The MXFP8 expert pipeline on sm_90a (issue 50), swap-AB form (the decode and small-batch path) and
+// tile form (MxForm::tile, the large-T path; the same math on 128-row tiles x 128 weight rows):
 // E4M3 weights and tokens with E8M0 scales per 32 along K (epmoe/mxfp8.h), the k32 FP8 wgmma of the
 // kernel core with each block's partial promoted by its two scales, act requantized to MXFP8 in UP's
 // epilogue (so DOWN streams E4M3 act as well):
@@ -24,6 +25,11 @@
 
 namespace epmoe::kernels {
 
+// The kernels' form: swap-AB (weights in M, a half tile's real rows in N = 8 ... 64; decode) or the
+// tile form (tile_mx_kernel.cu: whole 128-row tiles against 128 weight rows; large T). The
+// heuristics tier picks it (kernels/heuristics/mx_heuristics.h).
+enum class MxForm : uint8_t { swap, tile };
+
 struct MxExpertProblem {
   const uint8_t* x = nullptr;
   int64_t x_rows = 0;
@@ -40,6 +46,7 @@ struct MxExpertProblem {
   int64_t rows_capacity = 0;
   int experts = 0, hidden = 0, ffn = 0;
   bool zero_out = false;  // UP zeroes out[0, out_rows) itself (as ExpertProblem::zero_out)
+  MxForm form = MxForm::swap;
 };
 
 // Throws Error(invalid_argument) unless p meets the requirements above.

@@ -52,18 +52,6 @@ struct MxSwapArgs {
 #if EPMOE_SM90A_DEVICE
 namespace {
 
-__device__ __forceinline__ void cp_async_4_zfill(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];" : "=r"(v) : "r"(addr) : "memory");
-  return v;
-}
-__device__ __forceinline__ void st_shared_f32(uint32_t addr, float v) {
-  asm volatile("st.shared.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-
 // The weight row (in w*_scale's rows) of A-tile row i. UP: the e4m3 swap map's box {128, 8, 2, 4}
 // lands row i = r + 8p + 16b as W1 row p * ffn + 32j + 8b + r of expert e.
 template <bool kUp>
@@ -337,6 +325,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
 #endif
 }
 
+void launch_mx_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s);  // tile_mx_kernel.cu
+
 namespace {
 void launch_mx_swap(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s) {
   check_mx_expert_problem(p, up ? "sm90_mx_up_launch" : "sm90_mx_down_launch");
@@ -385,9 +375,13 @@ void check_mx_expert_problem(const MxExpertProblem& p, const char* who) {
               ", out_rows ", p.out_rows);
 }
 
-void sm90_mx_up_launch(const MxExpertProblem& p, cudaStream_t s) { sm90::launch_mx_swap(p, /*up=*/true, false, s); }
+void sm90_mx_up_launch(const MxExpertProblem& p, cudaStream_t s) {
+  if (p.form == MxForm::tile) sm90::launch_mx_tile(p, /*up=*/true, false, s);
+  else sm90::launch_mx_swap(p, /*up=*/true, false, s);
+}
 void sm90_mx_down_launch(const MxExpertProblem& p, cudaStream_t s, bool pdl) {
-  sm90::launch_mx_swap(p, /*up=*/false, pdl, s);
+  if (p.form == MxForm::tile) sm90::launch_mx_tile(p, /*up=*/false, pdl, s);
+  else sm90::launch_mx_swap(p, /*up=*/false, pdl, s);
 }
 void sm90_mx_experts_launch(const MxExpertProblem& p, cudaStream_t s) {
   sm90_mx_up_launch(p, s);

@@ -90,6 +90,23 @@ inline constexpr uint32_t kMxSwapStagingBytes =
     kSwapRows * kMxUpStride * 4 > kSwapDownStagingBytes ? kSwapRows * kMxUpStride * 4 : kSwapDownStagingBytes;
 inline constexpr size_t kMxSwapSmemBytes = 1024 + size_t(kMxSwapStages) * (kMxSwapStageBytes + kMxScaleStageBytes) +
                                            kMxSwapStagingBytes;
+// The MX tile form (tile_mx_kernel.cu; the large-T MXFP8 path): an item is a whole 128-row layout
+// tile against 128 weight rows (two m64 warpgroups, N = 128 tokens each). A stage: weights 128 x 128
+// B, tokens 128 x 128 B, and beside them both row sets' 4 scale bytes. UP stages its 128 tokens x 64
+// act columns in fp32, DOWN its 128 tokens x 128 output columns in bf16.
+inline constexpr int kMxTileStages = 5;
+inline constexpr int kMxTileWeightRows = 128;
+inline constexpr uint32_t kMxTileATileBytes = kMxTileWeightRows * kMxBK;  // 16 KB of weights
+inline constexpr uint32_t kMxTileBTileBytes = kBM * kMxBK;                // 16 KB of tokens
+inline constexpr uint32_t kMxTileStageBytes = kMxTileATileBytes + kMxTileBTileBytes;
+inline constexpr uint32_t kMxTileScaleStageBytes = (kMxTileWeightRows + kBM) * 4;  // 1 KB
+inline constexpr int kMxTileUpStride = 64 + 4;     // UP staging row (floats)
+inline constexpr int kMxTileDownStride = 128 + 8;  // DOWN staging row (bf16)
+inline constexpr uint32_t kMxTileStagingBytes = kBM * kMxTileUpStride * 4 > kBM * kMxTileDownStride * 2
+                                                    ? kBM * kMxTileUpStride * 4
+                                                    : kBM * kMxTileDownStride * 2;
+inline constexpr size_t kMxTileSmemBytes =
+    1024 + size_t(kMxTileStages) * (kMxTileStageBytes + kMxTileScaleStageBytes) + kMxTileStagingBytes;
 // N of a half tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
 inline constexpr int swap_ab_n(int rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
@@ -125,6 +142,8 @@ static_assert(kSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the swap
 static_assert(kFusedSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the fused ring exceeds shared memory");
 static_assert(kMxSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX swap-AB ring exceeds shared memory");
 static_assert(kMxSwapStageBytes % 1024 == 0 && kMxSwapATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
+static_assert(kMxTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX tile ring exceeds shared memory");
+static_assert(kMxTileStageBytes % 1024 == 0 && kMxTileATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
 static_assert(kFusedDownBoxBytes <= kSwapStageBytes, "a fused DOWN stage's W2 box must fit a stage");
 static_assert(kSwapStageBytes % 1024 == 0 && kSwapATileBytes % 1024 == 0, "swap-AB tiles must keep 1024 B alignment");
 static_assert(kBM == 128, "the consumer split (2 warpgroups x 64 rows) assumes 128-row tiles");

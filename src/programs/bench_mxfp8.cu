@@ -27,6 +27,7 @@
 #include "epmoe/sm90_plan.h"
 #include "kernels/cuda_check.cuh"
 #include "kernels/sm90/experts.cuh"
+#include "kernels/heuristics/mx_heuristics.h"
 #include "kernels/sm90/swap_mx.cuh"
 #include "programs/bench_hbm.cuh"
 
@@ -56,6 +57,8 @@ T* zeros(size_t n) {
 struct Point {
   int E, k, H, F, T;
   double bf16_auto_us, bf16_swap_us, mx_us, mx_up_us, floor_bf16_us, floor_mx_us, mx_vs_bf16;
+  double mx_swap_us = 0, mx_tile_us = 0;  // both forms forced (mx_us: the heuristics' form)
+  bool mx_tile = false;
   std::string auto_plan;
 };
 
@@ -196,14 +199,24 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   m.w1 = W.q1, m.w1_scale = W.s1, m.w2 = W.q2, m.w2_scale = W.s2, m.act = m_act;
   m.out = reinterpret_cast<__nv_bfloat16*>(m_out), m.out_rows = T, m.rows_capacity = cap;
   m.experts = E, m.hidden = H, m.ffn = F, m.zero_out = true;
+  ek::MxExpertProblem m_swap = m, m_tile = m;
+  m_swap.form = ek::MxForm::swap;
+  m_tile.form = ek::MxForm::tile;
+  const bool tile = ek::mx_tile_form_pays(int64_t(T) * k, E);  // the engine's rule
+  m.form = tile ? ek::MxForm::tile : ek::MxForm::swap;
   cudaGraphExec_t g_mx = capture(s, [&] { ek::sm90_mx_experts_launch(m, s); });
   cudaGraphExec_t g_mx_up = capture(s, [&] { ek::sm90_mx_up_launch(m, s); });
+  cudaGraphExec_t g_mx_swap = capture(s, [&] { ek::sm90_mx_experts_launch(m_swap, s); });
+  cudaGraphExec_t g_mx_tile = capture(s, [&] { ek::sm90_mx_experts_launch(m_tile, s); });
 
-  Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, epmoe::to_string(auto_plan)};
+  Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, epmoe::to_string(auto_plan)};
   pt.bf16_auto_us = time_graph(g_auto, s, evict, evict_bytes, 50);
   pt.bf16_swap_us = time_graph(g_swap, s, evict, evict_bytes, 50);
   pt.mx_up_us = time_graph(g_mx_up, s, evict, evict_bytes, 50);
-  pt.mx_us = time_graph(g_mx, s, evict, evict_bytes, 50);
+  pt.mx_swap_us = time_graph(g_mx_swap, s, evict, evict_bytes, 50);
+  pt.mx_tile_us = time_graph(g_mx_tile, s, evict, evict_bytes, 50);
+  pt.mx_us = time_graph(g_mx, s, evict, evict_bytes, 50);  // (last: m_out holds its result below)
+  pt.mx_tile = tile;
   const double wbytes = 3.0 * double(H) * double(F) * touched;
   pt.floor_bf16_us = wbytes * 2 / (hbm_tbs * 1e12) * 1e6;
   pt.floor_mx_us = wbytes * (1.0 + 1.0 / 32) / (hbm_tbs * 1e12) * 1e6;
@@ -217,7 +230,7 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
     num += (a - b) * (a - b), den += a * a;
   }
   pt.mx_vs_bf16 = den > 0 ? std::sqrt(num / den) : 0;
-  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up}) cudaGraphExecDestroy(g);
+  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile}) cudaGraphExecDestroy(g);
   for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out})
     cudaFree(q);
   return pt;
@@ -265,8 +278,9 @@ int main(int argc, char** argv) {
   void* evict = zeros<uint8_t>(evict_bytes);
   const double hbm = epmoe::bench::hbm_read_tbs(s, {{evict, evict_bytes}});
   std::printf("# epmoe_bench_mxfp8: HBM read %.2f TB/s (256 MB streamed); µs = median of 50 graph replays, L2 evicted\n", hbm);
-  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %8s %9s %9s %9s %9s %8s  %s\n", "E", "k", "H", "F", "T", "bf16 auto",
-              "bf16 swap", "mxfp8", "mx up", "floor16", "floor8", "auto/mx", "mx/flr8", "mx~bf16", "auto plan");
+  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s  %s\n", "E", "k", "H", "F", "T",
+              "bf16 auto", "bf16 swap", "mxfp8", "form", "mx swap", "mx tile", "mx up", "floor16", "floor8", "auto/mx",
+              "mx/flr8", "mx~bf16", "auto plan");
   std::vector<Point> pts;
   std::stringstream ss(shapes);
   std::string sh;
@@ -279,9 +293,10 @@ int main(int argc, char** argv) {
     const Weights W = make_weights(d[0], d[2], d[3]);
     for (int T : parse_ints(tokens, ',')) {
       const Point p = run_point(W, d[1], T, hbm, evict, evict_bytes, s);
-      std::printf("  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f  %s\n", p.E, p.k, p.H,
-                  p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us,
-                  p.bf16_auto_us / p.mx_us, p.mx_us / p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
+      std::printf("  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f  %s\n",
+                  p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_tile ? "tile" : "swap",
+                  p.mx_swap_us, p.mx_tile_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us, p.bf16_auto_us / p.mx_us,
+                  p.mx_us / p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
       std::fflush(stdout);
       pts.push_back(p);
     }
@@ -299,9 +314,11 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "%s{\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %d, \"bf16_auto_us\": %.3f, "
                    "\"bf16_swap_us\": %.3f, \"mxfp8_us\": %.3f, \"mxfp8_up_us\": %.3f, \"floor_bf16_us\": %.3f, \"floor_mxfp8_us\": %.3f, "
-                   "\"mx_vs_bf16_rel_l2\": %.5f, \"auto_plan\": \"%s\"}",
+                   "\"mx_vs_bf16_rel_l2\": %.5f, \"auto_plan\": \"%s\", \"mx_form\": \"%s\", \"mxfp8_swap_us\": %.3f, "
+                   "\"mxfp8_tile_us\": %.3f}",
                    i ? ", " : "", p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us,
-                   p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
+                   p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str(), p.mx_tile ? "tile" : "swap",
+                   p.mx_swap_us, p.mx_tile_us);
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -1,5 +1,6 @@
 // The MXFP8 layer on one GPU (issue 50): MoeLayer with e4m3 weights and e8m0 scales on cuda (the sm_90
-// MX swap-AB kernels, x quantized at the source by the dispatch's pack) against reference_moe_mxfp8,
+// MX kernels in the heuristics' form and in both forms forced with sm90_plan swap=on|off, x quantized
+// at the source by the dispatch's pack) against reference_moe_mxfp8,
 // the fp64 reference on the dequantized operands with act requantized by the host quantizer, for
 // several routings and token counts; the dispatch's bytes; and what it refuses, on construction or as
 // a status every rank raises: a saving forward, a capturable / deterministic / cuBLAS layer, dims not
@@ -108,16 +109,22 @@ void run_case(int E, int k, int H, int F, int64_t T, RoutingKind kind) {
                       m.w2s.data(), E, H, F, ref.data());
   cudaStream_t s;
   ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  MoeLayer layer(m.cfg, m.weights(), single_comm());
-  Views v(m.cfg, x, R, T);
-  for (int rep = 0; rep < 2; ++rep) {  // (the second on the buffers the first sized)
-    layer.forward(v.tx, v.tids, v.tw, v.ty, s);
-    ck(cudaStreamSynchronize(s), "sync");
-    const std::vector<bf16> y = v.y.host();
-    EXPECT_TRUE(close_to_reference(y.data(), ref.data(), T, H, kMxGpuTolerance)) << "call " << rep;
+  for (const char* form : {"", "swap=on", "swap=off"}) {  // the heuristics' form, swap-AB, the tile form
+    LayerOptions opt;
+    opt.sm90_plan = parse_sm90_plan_override(form);
+    MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
+    Views v(m.cfg, x, R, T);
+    for (int rep = 0; rep < 2; ++rep) {  // (the second on the buffers the first sized)
+      ck(cudaMemset(v.y.get(), 0xff, size_t(T) * H * sizeof(bf16)), "poison y");
+      ck(cudaDeviceSynchronize(), "poison sync");
+      layer.forward(v.tx, v.tids, v.tw, v.ty, s);
+      ck(cudaStreamSynchronize(s), "sync");
+      const std::vector<bf16> y = v.y.host();
+      EXPECT_TRUE(close_to_reference(y.data(), ref.data(), T, H, kMxGpuTolerance)) << "form '" << form << "' call " << rep;
+    }
+    const ForwardStats& st = layer.last_stats();
+    EXPECT_EQ(st.dispatch_bytes, st.send_rows[0] * (mx::packed_row_bytes(H) + 4 * (1 + 2 * k)));
   }
-  const ForwardStats& st = layer.last_stats();
-  EXPECT_EQ(st.dispatch_bytes, st.send_rows[0] * (mx::packed_row_bytes(H) + 4 * (1 + 2 * k)));
   ck(cudaStreamDestroy(s), "stream destroy");
 }
 
@@ -135,11 +142,12 @@ TEST_F(Mxfp8Gpu, RoutingsAtAFewHundredTokens) {
 
 TEST_F(Mxfp8Gpu, RefusesWhatItDoesNotRun) {
   const MxModel m(8, 2, 256, 128, 7);
-  for (int which = 0; which < 3; ++which) {
+  for (int which = 0; which < 4; ++which) {
     LayerOptions opt;
     if (which == 0) opt.expert_path = ExpertPath::cublas;
     if (which == 1) opt.max_tokens_per_rank = 64;
     if (which == 2) opt.deterministic = true;
+    if (which == 3) opt.sm90_plan = parse_sm90_plan_override("up=single");  // (only swap=on|off applies)
     try {
       MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
       ADD_FAILURE() << "option set " << which << " was taken";

@@ -1,5 +1,5 @@
-// The MX swap-AB expert pipeline (kernels/sm90/swap_mx.cuh; issue 50) against a host reference on
-// the dequantized operands:
+// The MX expert pipeline (kernels/sm90/swap_mx.cuh; issue 50), swap-AB and tile forms, against a host
+// reference on the dequantized operands:
 //   v = silu(x . w1_gate) * (x . w1_up) in fp64 over the dequantized x and w1, act = MX(v) by the
 //   host quantizer (mx::quantize_rows), y[token] = sum over its pairs of weight * (act . w2) in fp64.
 // Checks, per case:
@@ -101,8 +101,7 @@ struct Case {
   int spread = 2;
 };
 
-void run_case(const Case& c) {
-  if (!sm90_here()) GTEST_SKIP() << "needs a compute capability 9.0 device and an sm_90a build";
+void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
   const int E = c.experts, H = c.hidden, F = c.ffn, T = c.T;
   std::mt19937 rng(0x5eed + uint32_t(T) * 131 + uint32_t(H));
   // Routing: per token k distinct experts (uniform) or all to expert E - 2 (one_expert; the last
@@ -153,6 +152,8 @@ void run_case(const Case& c) {
   p.out = reinterpret_cast<__nv_bfloat16*>(d_out.p), p.out_rows = T;
   p.rows_capacity = cap, p.experts = E, p.hidden = H, p.ffn = F;
   p.zero_out = true;
+  p.form = form;
+  SCOPED_TRACE(form == epmoe::kernels::MxForm::tile ? "tile form" : "swap-AB form");
   epmoe::kernels::sm90_mx_experts_launch(p, nullptr);
   EPMOE_CUDA_CHECK(cudaGetLastError());
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
@@ -246,8 +247,16 @@ void run_case(const Case& c) {
   EXPECT_EQ(nonzero_unrouted, 0);
   EXPECT_LE(rel, 1e-2);
   EXPECT_LE(worst_token, 3e-2);
-  std::printf("[mx swap] %s: E=%d %d/%d T=%d k=%d: y rel L2 %.3g (worst token %.3g); act codes differing %lld of %lld\n",
-              c.name.c_str(), E, H, F, T, c.k, rel, worst_token, (long long)code_diff, (long long)codes);
+  std::printf("[mx %s] %s: E=%d %d/%d T=%d k=%d: y rel L2 %.3g (worst token %.3g); act codes differing %lld of %lld\n",
+              form == epmoe::kernels::MxForm::tile ? "tile" : "swap", c.name.c_str(), E, H, F, T, c.k, rel, worst_token,
+              (long long)code_diff, (long long)codes);
+}
+
+// Every case in both forms: swap-AB (half tiles, N <= 64) and the tile form (128 x 128 items).
+void run_case(const Case& c) {
+  if (!sm90_here()) GTEST_SKIP() << "needs a compute capability 9.0 device and an sm_90a build";
+  run_case_form(c, epmoe::kernels::MxForm::swap);
+  run_case_form(c, epmoe::kernels::MxForm::tile);
 }
 
 TEST(Sm90MxSwap, DecodeOneToken) { run_case({"decode T=1", 8, 2048, 1024, 1, 4, Case::uniform}); }
