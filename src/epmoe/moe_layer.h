@@ -25,9 +25,10 @@ namespace epmoe {
 
 // bf16, or MXFP8 (epmoe/mxfp8.h): w1 and w2 e4m3 with their e8m0 block scales along K. An MXFP8
 // layer quantizes x on the fly and requantizes the activation before DOWN; it is forward-only (a
-// saving forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 MX swap-AB
-// kernels (hidden and ffn multiples of 128; no capturable forward, deterministic mode or plan
-// override yet); forward_mxfp8 (x given in the format) is the CPU engine's only, for now.
+// saving forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 MX kernels,
+// swap-AB or tile form by the heuristics tier (hidden and ffn multiples of 128; no capturable
+// forward or deterministic mode; of an sm90_plan override only swap=on|off, the form);
+// forward_mxfp8 (x given in the format) is the CPU engine's only, for now.
 struct ExpertWeights {
   TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
   TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]
