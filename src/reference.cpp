@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "epmoe/error.h"
+#include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
 
 namespace epmoe {
@@ -80,6 +81,45 @@ void reference_moe_mxfp8(const bf16* x, const int32_t* ids, const float* wts, in
       for (int c = 0; c < H; ++c) {
         const int64_t row = int64_t(e) * H + c;
         acc[c] += double(wts[t * k + j]) * row_dot(w2q + row * F, w2s + row * b2, F, act.data());
+      }
+    }
+    for (int c = 0; c < H; ++c) y[t * H + c] = float(acc[c]);
+  }
+}
+
+void reference_moe_fp8_block(const bf16* x, const int32_t* ids, const float* wts, int64_t T, int k, const uint8_t* w1q,
+                             const float* w1s, const uint8_t* w2q, const float* w2s, int E, int H, int F, float* y) {
+  // Every expert's weights dequantized once (the scales' 128 x 128 blocks: fp8b::dequantize_weight).
+  std::vector<float> w1(size_t(E) * 2 * F * H), w2(size_t(E) * H * F);
+  for (int e = 0; e < E; ++e) {
+    const int64_t b1 = int64_t(2 * F / fp8b::kBlock) * (H / fp8b::kBlock), b2 = int64_t(H / fp8b::kBlock) * (F / fp8b::kBlock);
+    fp8b::dequantize_weight(w1q + int64_t(e) * 2 * F * H, w1s + e * b1, 2 * F, H, &w1[size_t(e) * 2 * F * H]);
+    fp8b::dequantize_weight(w2q + int64_t(e) * H * F, w2s + e * b2, H, F, &w2[size_t(e) * H * F]);
+  }
+  std::vector<float> xf(H), act(F);
+  std::vector<double> acc(H);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int c = 0; c < H; ++c) xf[c] = x[t * H + c].f();
+    fp8b::round_trip_row(xf.data(), H);
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int j = 0; j < k; ++j) {
+      const int e = ids[t * k + j];
+      if (e == -1) continue;
+      EPMOE_CHECK(e >= 0 && e < E, ErrorCode::expert_id_out_of_range, "reference_moe_fp8_block: id ", e, " at token ",
+                  t);
+      for (int i = 0; i < F; ++i) {
+        const float* g_row = &w1[(size_t(e) * 2 * F + i) * H];
+        const float* u_row = g_row + size_t(F) * H;
+        double g = 0, u = 0;
+        for (int c = 0; c < H; ++c) g += double(g_row[c]) * xf[c], u += double(u_row[c]) * xf[c];
+        act[i] = float(g / (1.0 + std::exp(-g)) * u);
+      }
+      fp8b::round_trip_row(act.data(), F);
+      for (int c = 0; c < H; ++c) {
+        const float* row = &w2[(size_t(e) * H + c) * F];
+        double d = 0;
+        for (int i = 0; i < F; ++i) d += double(row[i]) * act[i];
+        acc[c] += double(wts[t * k + j]) * d;
       }
     }
     for (int c = 0; c < H; ++c) y[t * H + c] = float(acc[c]);

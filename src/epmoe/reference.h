@@ -21,6 +21,13 @@ void reference_moe_mxfp8(const bf16* x, const int32_t* topk_ids, const float* to
                          int top_k, const uint8_t* w1, const uint8_t* w1_scale, const uint8_t* w2,
                          const uint8_t* w2_scale, int num_experts, int hidden, int ffn, float* y);
 
+// The FP8 block-128 layer (epmoe/fp8_block.h): e4m3 weights with their fp32 128 x 128 block scales,
+// x taken through the format per token row (1 x 128 blocks), fp64 dot products on the dequantized
+// values, act taken through it per row (from fp64) -> y (fp32, not rounded).
+void reference_moe_fp8_block(const bf16* x, const int32_t* topk_ids, const float* topk_weights, int64_t num_tokens,
+                             int top_k, const uint8_t* w1, const float* w1_scale, const uint8_t* w2,
+                             const float* w2_scale, int num_experts, int hidden, int ffn, float* y);
+
 // The same layer in fp64 on fp64 inputs, with no rounding anywhere: the forward, and its exact
 // gradients given dy (written, not accumulated). For a dropped slot (id -1) d_topk_weights is 0.
 // Per (token t, slot j, expert e, weight s): [g, u] = W1_e x_t, a = silu(g) u, o = W2_e a,
