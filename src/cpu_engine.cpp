@@ -7,6 +7,7 @@
 
 #include "cpu_experts.h"
 #include "engine.h"
+#include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
 
 namespace epmoe {
@@ -30,20 +31,22 @@ class CpuEngine final : public MoeLayer::Engine {
  public:
   CpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr<Communicator> comm, const LayerOptions& opt)
       : comm_(std::move(comm)),
-        experts_(c, w.mxfp8() ? nullptr : w.w1.ptr<bf16>(), w.mxfp8() ? nullptr : w.w2.ptr<bf16>(), opt.cpu_threads),
+        experts_(c, w.fp8() ? nullptr : w.w1.ptr<bf16>(), w.fp8() ? nullptr : w.w2.ptr<bf16>(), opt.cpu_threads),
         on_receive_(opt.on_receive),
         save_policy_(opt.save_policy),
-        mxfp8_(w.mxfp8()) {
+        fp8_(w.fp8()),
+        block_(w.fp8_block()) {
     cfg = c;
     path = ExpertPath::cpu;
-    if (mxfp8_) set_mxfp8(w);
+    if (fp8_) set_fp8(w);
   }
 
   void bind_weights(const ExpertWeights& w) override {
     validate_weights(cfg, w, DeviceType::cpu);
-    EPMOE_CHECK(w.mxfp8() == mxfp8_, ErrorCode::invalid_argument, "bind_weights: the layer was built with ",
-                mxfp8_ ? "MXFP8" : "bf16", " weights; these are ", w.mxfp8() ? "MXFP8" : "bf16");
-    if (mxfp8_) set_mxfp8(w);
+    EPMOE_CHECK(w.fp8() == fp8_ && w.fp8_block() == block_, ErrorCode::invalid_argument,
+                "bind_weights: the layer was built with ", format_name(fp8_, block_), " weights; these are ",
+                format_name(w.fp8(), w.fp8_block()));
+    if (fp8_) set_fp8(w);
     else experts_.set_weights(w.w1.ptr<bf16>(), w.w2.ptr<bf16>());
   }
 
@@ -67,13 +70,15 @@ class CpuEngine final : public MoeLayer::Engine {
     // so a bad rank fails every rank alike
     auto t0 = Clock::now();
     protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cpu, x_scale);
-    if (status.ok() && save != nullptr && mxfp8_) {
+    if (status.ok() && save != nullptr && fp8_) {
       status.code = ErrorCode::unsupported;
-      status.text = "an MXFP8 layer is forward-only: a forward that saves for backward is not supported";
+      status.text = std::string("an ") + format_name(fp8_, block_) +
+                    " layer is forward-only: a forward that saves for backward is not supported";
     }
-    if (status.ok() && x_scale != nullptr && !mxfp8_) {
+    if (status.ok() && x_scale != nullptr && (!fp8_ || block_)) {
       status.code = ErrorCode::unsupported;
-      status.text = "forward_mxfp8 needs an MXFP8 layer (e4m3 weights); this one is bf16";
+      status.text = std::string("forward_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ") +
+                    format_name(fp8_, block_);
     }
     protocol::DispatchLayout L = protocol::empty_dispatch_layout(cfg);
     if (status.ok()) {
@@ -91,19 +96,23 @@ class CpuEngine final : public MoeLayer::Engine {
     const protocol::ReceivePlan P = protocol::decode_count_headers(recv_hdr_, W, El);
     stats.exchange_ms = ms_since(t0);
 
-    // dispatch: each token once per destination rank, with its (local expert, weight) pairs. An
-    // MXFP8 layer sends its rows in the format (packed rows, epmoe/mxfp8.h: 0.52 of the bytes): the
-    // experts would quantize them on arrival anyway, to the same values.
+    // dispatch: each token once per destination rank, with its (local expert, weight) pairs. An FP8
+    // layer sends its rows in its format (packed rows, epmoe/mxfp8.h or epmoe/fp8_block.h: 0.52 of the
+    // bytes): the experts would quantize them on arrival anyway, to the same values.
     t0 = Clock::now();
     const int64_t T = x.shape[0], sent = L.total_rows(), recvd = P.total_rows();
-    const size_t wire_row_bytes = mxfp8_ ? size_t(mx::packed_row_bytes(H)) : row_bytes;
-    if (mxfp8_) {
+    const size_t wire_row_bytes = !fp8_ ? row_bytes
+                                  : block_ ? size_t(fp8b::packed_row_bytes(H))
+                                           : size_t(mx::packed_row_bytes(H));
+    if (fp8_) {
       send_mx_.resize(size_t(sent) * wire_row_bytes);
       const int blocks = H / mx::kBlock;
       for (int64_t r = 0; r < sent; ++r) {
         const int64_t t = L.send_token[r];
         uint8_t* dst = &send_mx_[size_t(r) * wire_row_bytes];
-        if (x_scale == nullptr) {
+        if (block_) {
+          fp8b::quantize_packed_row(x.ptr<bf16>() + t * H, H, dst);
+        } else if (x_scale == nullptr) {
           mx::quantize_packed_row(x.ptr<bf16>() + t * H, H, dst);
         } else {  // already in the format: its bytes, as they are
           mx::pack_row(x.ptr<uint8_t>() + t * H, x_scale->ptr<uint8_t>() + t * blocks, H, dst);
@@ -118,20 +127,20 @@ class CpuEngine final : public MoeLayer::Engine {
     }
     recv_meta_.resize(size_t(recvd) * protocol::meta_words(k));
     const AlltoallvPlane planes[2] = {
-        mxfp8_ ? protocol::make_plane(send_mx_.data(), recv_mx_.data(), L.send_rows, P.recv_rows, wire_row_bytes)
+        fp8_ ? protocol::make_plane(send_mx_.data(), recv_mx_.data(), L.send_rows, P.recv_rows, wire_row_bytes)
                : protocol::make_plane(send_x_.data(), recv_x_.data(), L.send_rows, P.recv_rows, row_bytes),
         protocol::make_plane(L.send_meta.data(), recv_meta_.data(), L.send_rows, P.recv_rows, meta_bytes)};
     comm_->alltoallv(planes);
     stats.dispatch_ms = ms_since(t0);
     if (on_receive_)
-      on_receive_(mxfp8_ ? static_cast<const void*>(recv_mx_.data()) : recv_x_.data(), recv_meta_.data(), P.recv_rows);
+      on_receive_(fp8_ ? static_cast<const void*>(recv_mx_.data()) : recv_x_.data(), recv_meta_.data(), P.recv_rows);
 
     // local experts: one weighted sum per received row
     t0 = Clock::now();
     expert_out_.resize(size_t(recvd) * H);
     const bool keep_h = save != nullptr && save_policy_ == SavePolicy::rows_and_preactivation;
     std::vector<bf16> h(keep_h ? size_t(P.total_pairs()) * 2 * cfg.ffn : 0);
-    if (mxfp8_) experts_.run_packed_mx(recv_mx_.data(), recv_meta_.data(), recvd, expert_out_.data());
+    if (fp8_) experts_.run_packed_mx(recv_mx_.data(), recv_meta_.data(), recvd, expert_out_.data());
     else experts_.run(recv_x_.data(), recv_meta_.data(), recvd, expert_out_.data(), keep_h ? h.data() : nullptr);
     stats.experts_ms = ms_since(t0);
 
@@ -219,18 +228,24 @@ class CpuEngine final : public MoeLayer::Engine {
 
  private:
   std::shared_ptr<Communicator> comm_;
-  void set_mxfp8(const ExpertWeights& w) {
-    experts_.set_mxfp8_weights(w.w1.ptr<uint8_t>(), w.w1_scale.ptr<uint8_t>(), w.w2.ptr<uint8_t>(),
-                               w.w2_scale.ptr<uint8_t>());
+  void set_fp8(const ExpertWeights& w) {
+    if (w.fp8_block())
+      experts_.set_fp8_block_weights(w.w1.ptr<uint8_t>(), w.w1_scale.ptr<float>(), w.w2.ptr<uint8_t>(),
+                                     w.w2_scale.ptr<float>());
+    else
+      experts_.set_mxfp8_weights(w.w1.ptr<uint8_t>(), w.w1_scale.ptr<uint8_t>(), w.w2.ptr<uint8_t>(),
+                                 w.w2_scale.ptr<uint8_t>());
   }
+  static const char* format_name(bool fp8, bool block) { return !fp8 ? "bf16" : block ? "FP8 block-128" : "MXFP8"; }
   CpuExperts experts_;
   std::vector<int64_t> send_hdr_, recv_hdr_;
   std::vector<bf16> send_x_, recv_x_, expert_out_, returned_;
-  std::vector<uint8_t> send_mx_, recv_mx_;  // an MXFP8 layer's dispatched rows (packed)
+  std::vector<uint8_t> send_mx_, recv_mx_;  // an FP8 layer's dispatched rows (packed, in its format)
   std::vector<int32_t> recv_meta_;
   std::function<void(const void*, const int32_t*, const std::vector<int64_t>&)> on_receive_;
   SavePolicy save_policy_;
-  bool mxfp8_;  // the weights are MXFP8 (forward-only)
+  bool fp8_;    // the weights are FP8 (forward-only): MXFP8, or
+  bool block_;  // FP8 block-128
 
   // g = v (or += v) in g's dtype (bf16 rounds once, after the sum).
   static void write_grad(const TensorView& g, const std::vector<float>& v, bool accumulate) {

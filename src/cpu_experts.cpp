@@ -1,6 +1,7 @@
 #include "cpu_experts.h"
 
 #include "epmoe/error.h"
+#include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
 
 #include <algorithm>
@@ -62,13 +63,31 @@ void sum_over_experts(int experts, int threads, int64_t n, float* acc, Fn&& fn) 
 CpuExperts::CpuExperts(const MoeConfig& cfg, const bf16* w1, const bf16* w2, int threads)
     : cfg_(cfg), w1_(w1), w2_(w2), threads_(std::max(1, threads)) {}
 
+void CpuExperts::round_trip(float* v, int K) const {
+  if (mx_.block()) fp8b::round_trip_row(v, K);
+  else mx::round_trip_row(v, K);
+}
+int64_t CpuExperts::packed_row_bytes(int K) const {
+  return mx_.block() ? fp8b::packed_row_bytes(K) : mx::packed_row_bytes(K);
+}
+void CpuExperts::dequantize_packed(const uint8_t* packed, int K, float* out) const {
+  if (mx_.block()) fp8b::dequantize_packed_row(packed, K, out);
+  else mx::dequantize_packed_row(packed, K, out);
+}
+
 void CpuExperts::expert_weights_t(int e, float* w1t, float* w2t) const {
   const int H = cfg_.hidden, F = cfg_.ffn;
   if (mx_.w1 != nullptr) {
     std::vector<float> w1(size_t(2) * F * H), w2(size_t(H) * F);
-    mx::dequantize_rows(mx_.w1 + int64_t(e) * 2 * F * H, mx_.w1_scale + int64_t(e) * 2 * F * (H / mx::kBlock), 2 * F,
-                        H, w1.data());
-    mx::dequantize_rows(mx_.w2 + int64_t(e) * H * F, mx_.w2_scale + int64_t(e) * H * (F / mx::kBlock), H, F, w2.data());
+    if (mx_.block()) {
+      const int64_t b1 = int64_t(2 * F / fp8b::kBlock) * (H / fp8b::kBlock), b2 = int64_t(H / fp8b::kBlock) * (F / fp8b::kBlock);
+      fp8b::dequantize_weight(mx_.w1 + int64_t(e) * 2 * F * H, mx_.w1_block_scale + e * b1, 2 * F, H, w1.data());
+      fp8b::dequantize_weight(mx_.w2 + int64_t(e) * H * F, mx_.w2_block_scale + e * b2, H, F, w2.data());
+    } else {
+      mx::dequantize_rows(mx_.w1 + int64_t(e) * 2 * F * H, mx_.w1_scale + int64_t(e) * 2 * F * (H / mx::kBlock), 2 * F,
+                          H, w1.data());
+      mx::dequantize_rows(mx_.w2 + int64_t(e) * H * F, mx_.w2_scale + int64_t(e) * H * (F / mx::kBlock), H, F, w2.data());
+    }
     for (int o = 0; o < 2 * F; ++o)
       for (int c = 0; c < H; ++c) w1t[size_t(c) * 2 * F + o] = w1[size_t(o) * H + c];
     for (int o = 0; o < H; ++o)
@@ -99,12 +118,12 @@ void CpuExperts::run_expert(int e, const Rows& x, const protocol::ExpertLayout& 
     for (int i = 0; i < m; ++i) {
       const int64_t row = L.pair_row[begin + i0 + i];
       if (x.mx_rows != nullptr) {  // quantized at the source
-        mx::dequantize_packed_row(x.mx_rows + row * mx::packed_row_bytes(H), H, &xb[size_t(i) * H]);
+        dequantize_packed(x.mx_rows + row * packed_row_bytes(H), H, &xb[size_t(i) * H]);
         continue;
       }
       const bf16* src = x.bf16_rows + row * H;
       for (int c = 0; c < H; ++c) xb[size_t(i) * H + c] = src[c].f();
-      if (mx) mx::round_trip_row(&xb[size_t(i) * H], H);  // x quantized on the fly
+      if (mx) round_trip(&xb[size_t(i) * H], H);  // x quantized on the fly
     }
     std::fill(gu.begin(), gu.end(), 0.f);
     gemm_axpy(xb.data(), H, m, w1t.data(), H, 2 * F, gu.data());
@@ -118,7 +137,7 @@ void CpuExperts::run_expert(int e, const Rows& x, const protocol::ExpertLayout& 
         act[size_t(i) * F + j] = mx ? a : round_bf16(a);  // the kernels hand bf16 (or MXFP8) to DOWN
       }
     if (mx)
-      for (int i = 0; i < m; ++i) mx::round_trip_row(&act[size_t(i) * F], F);  // act requantized
+      for (int i = 0; i < m; ++i) round_trip(&act[size_t(i) * F], F);  // act requantized
     std::fill(y.begin(), y.end(), 0.f);
     gemm_axpy(act.data(), F, m, w2t.data(), F, H, y.data());
     for (int i = 0; i < m; ++i) {
@@ -135,7 +154,7 @@ void CpuExperts::run(const bf16* x, const int32_t* meta, int64_t rows, bf16* out
 }
 
 void CpuExperts::run_packed_mx(const uint8_t* x, const int32_t* meta, int64_t rows, bf16* out) const {
-  EPMOE_CHECK(mx_.w1 != nullptr, ErrorCode::internal, "CpuExperts::run_packed_mx: the weights are not MXFP8");
+  EPMOE_CHECK(mx_.w1 != nullptr, ErrorCode::internal, "CpuExperts::run_packed_mx: the weights are not FP8");
   run_rows({nullptr, x}, meta, rows, out, nullptr);
 }
 

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "engine.h"
+#include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
 
 namespace epmoe {
@@ -105,6 +106,16 @@ protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardCo
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
   const int64_t H = cfg.hidden, F = cfg.ffn;
+  if (w.fp8_block()) {
+    constexpr int B = fp8b::kBlock;
+    EPMOE_CHECK(H % B == 0 && F % B == 0, ErrorCode::invalid_argument, "FP8 block-128 weights need hidden (", H,
+                ") and ffn (", F, ") multiples of ", B, " (one scale per ", B, " x ", B, " block)");
+    check_tensor(w.w1, "w1", DType::e4m3, {El, 2 * F, H}, device);
+    check_tensor(w.w2, "w2", DType::e4m3, {El, H, F}, device);
+    check_tensor(w.w1_scale, "w1_scale", DType::f32, {El, 2 * F / B, H / B}, device);
+    check_tensor(w.w2_scale, "w2_scale", DType::f32, {El, H / B, F / B}, device);
+    return;
+  }
   if (!w.mxfp8()) {
     check_tensor(w.w1, "w1", DType::bf16, {El, 2 * F, H}, device);
     check_tensor(w.w2, "w2", DType::bf16, {El, H, F}, device);

@@ -2,7 +2,10 @@
 // the scale rule, the quantization error bound of activation rows and weight blocks, zero and
 // non-finite blocks, which elements a weight scale covers, the packed dispatch row, and the fp64
 // layer reference reference_moe_fp8_block (its distance to the bf16 layer is the format's end-to-end
-// error; dropped slots and bad ids).
+// error; dropped slots and bad ids). Then the layer with FP8 block-128 weights on CPU mock ranks
+// (world 1, 2, 4) against that reference, its received rows checked byte for byte, and its
+// refusals: a saving forward on every rank alike, forward_mxfp8, scale tensors of the wrong shape or
+// dtype, dims not multiples of 128, rebinding weights of another format.
 //
 // Error bound of one element: E4M3 keeps 3 mantissa bits, so v / s rounds to within 2^-4 of its
 // magnitude where it is normal (|v / s| >= 2^-6) and to within half the subnormal step 2^-9 below;
@@ -15,8 +18,10 @@
 #include <random>
 #include <vector>
 
+#include "comm/mock_comm.h"
 #include "epmoe/error.h"
 #include "epmoe/fp8_block.h"
+#include "epmoe/moe_layer.h"
 #include "epmoe/mxfp8.h"
 #include "epmoe/reference.h"
 #include "test_support.h"
@@ -174,6 +179,153 @@ TEST(Fp8BlockReference, IsTheLayerWithinTheFormatsError) {
   EXPECT_THROW(reference_moe_fp8_block(x.data(), R.ids.data(), R.weights.data(), T, k, w1q.data(), w1s.data(),
                                        w2q.data(), w2s.data(), E, H, F, y.data()),
                Error);
+}
+
+
+// ---- the layer on CPU mock ranks ----------------------------------------------------------------
+
+struct BlockWeights {
+  std::vector<uint8_t> w1, w2;  // all experts, ExpertWeights' layouts
+  std::vector<float> w1s, w2s;
+};
+BlockWeights quantize(const ModelWeights& M) {
+  const int E = M.E, H = M.hidden, F = M.ffn;
+  BlockWeights q{std::vector<uint8_t>(M.w1.size()), std::vector<uint8_t>(M.w2.size()),
+                 std::vector<float>(size_t(E) * (2 * F / kB) * (H / kB)), std::vector<float>(size_t(E) * (H / kB) * (F / kB))};
+  for (int e = 0; e < E; ++e) {
+    fp8b::quantize_weight(&M.w1[size_t(e) * 2 * F * H], 2 * F, H, &q.w1[size_t(e) * 2 * F * H],
+                          &q.w1s[size_t(e) * (2 * F / kB) * (H / kB)]);
+    fp8b::quantize_weight(&M.w2[size_t(e) * H * F], H, F, &q.w2[size_t(e) * H * F], &q.w2s[size_t(e) * (H / kB) * (F / kB)]);
+  }
+  return q;
+}
+ExpertWeights shard(const BlockWeights& q, int E, int H, int F, int W, int r) {
+  const int El = E / W;
+  auto* m = const_cast<BlockWeights*>(&q);
+  return {TensorView::contiguous(m->w1.data() + size_t(r) * El * 2 * F * H, DType::e4m3, {El, 2 * F, H}),
+          TensorView::contiguous(m->w2.data() + size_t(r) * El * H * F, DType::e4m3, {El, H, F}),
+          TensorView::contiguous(m->w1s.data() + size_t(r) * El * (2 * F / kB) * (H / kB), DType::f32,
+                                 {El, 2 * F / kB, H / kB}),
+          TensorView::contiguous(m->w2s.data() + size_t(r) * El * (H / kB) * (F / kB), DType::f32, {El, H / kB, F / kB})};
+}
+
+struct BlockRun {
+  int W, E, k, H, F;
+  int64_t T;
+  RoutingKind kind;
+};
+
+// Each rank's y against reference_moe_fp8_block (kCpuTolerance, as the MXFP8 layer's test: the same
+// fp32-vs-fp64 sums and final bf16 rounding, and act elements that the fp32 and fp64 values put on
+// either side of an E4M3 rounding boundary), the received rows byte for byte (each the packed
+// quantization of its source token's row), and the dispatch's bytes.
+void block_layer_case(const BlockRun& c) {
+  SCOPED_TRACE("W=" + std::to_string(c.W) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " " +
+               std::to_string(c.H) + "/" + std::to_string(c.F) + " T=" + std::to_string(c.T));
+  const ModelWeights M = make_weights(c.E, c.H, c.F, 6000 + c.W);
+  const BlockWeights q = quantize(M);
+  std::vector<int64_t> bad_rows(size_t(c.W), -1);
+  auto run = [&](int r, std::shared_ptr<Communicator> comm) {
+    const MoeConfig cfg{.num_experts = c.E, .top_k = c.k, .hidden = c.H, .ffn = c.F, .world_size = c.W, .rank = r};
+    LayerOptions opt;
+    opt.on_receive = [&, r](const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank) {
+      const int64_t bytes = fp8b::packed_row_bytes(c.H);
+      std::vector<uint8_t> want(static_cast<size_t>(bytes));
+      int64_t i = 0, bad = 0;
+      for (int s = 0; s < c.W; ++s) {
+        const std::vector<bf16> xs = make_x(6100, s, c.T, c.H);
+        for (int64_t n = 0; n < per_rank[size_t(s)]; ++n, ++i) {
+          const int32_t t = meta[i * (1 + 2 * c.k)];
+          fp8b::quantize_packed_row(xs.data() + int64_t(t) * c.H, c.H, want.data());
+          bad += std::memcmp(static_cast<const uint8_t*>(rows) + i * bytes, want.data(), size_t(bytes)) != 0;
+        }
+      }
+      bad_rows[size_t(r)] = bad;
+    };
+    MoeLayer layer(cfg, shard(q, c.E, c.H, c.F, c.W, r), std::move(comm), opt);
+    const std::vector<bf16> x = make_x(6100, r, c.T, c.H);
+    const Routing R = make_routing(c.T, c.E, c.k, c.kind, mix(6200, r), 0, c.W);
+    std::vector<bf16> y(x.size());
+    layer.forward(TensorView::contiguous(const_cast<bf16*>(x.data()), DType::bf16, {c.T, c.H}),
+                  TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {c.T, c.k}),
+                  TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {c.T, c.k}),
+                  TensorView::contiguous(y.data(), DType::bf16, {c.T, c.H}));
+    const ForwardStats& st = layer.last_stats();
+    int64_t sent = 0;
+    for (int64_t n : st.send_rows) sent += n;
+    EXPECT_EQ(st.dispatch_bytes, sent * (fp8b::packed_row_bytes(c.H) + 4 * (1 + 2 * c.k))) << "rank " << r;
+    std::vector<float> ref(y.size());
+    reference_moe_fp8_block(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, q.w1.data(), q.w1s.data(),
+                            q.w2.data(), q.w2s.data(), c.E, c.H, c.F, ref.data());
+    EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.H, kCpuTolerance)) << "rank " << r;
+  };
+  report_rank_errors(run_mock_ranks(c.W, run), "fp8 block layer");
+  for (int r = 0; r < c.W; ++r) EXPECT_EQ(bad_rows[size_t(r)], 0) << "rank " << r << "'s received rows";
+}
+
+TEST(Fp8BlockLayer, MatchesTheFormatReference) {
+  for (const BlockRun& c : {BlockRun{1, 8, 2, 128, 128, 40, RoutingKind::uniform},
+                            BlockRun{2, 8, 2, 256, 128, 33, RoutingKind::zipf},
+                            BlockRun{4, 16, 4, 128, 256, 24, RoutingKind::with_drops}})
+    block_layer_case(c);
+}
+
+// A saving forward fails on every rank alike (one rank asking is enough), forward_mxfp8 is refused
+// with a status too, and the constructor and bind_weights refuse bad scale tensors and other formats.
+TEST(Fp8BlockLayer, RefusesWhatItDoesNotRun) {
+  constexpr int W = 2, E = 4, k = 2, H = 128, F = 128;
+  const ModelWeights M = make_weights(E, H, F, 6300);
+  const BlockWeights q = quantize(M);
+  std::vector<std::string> what(W), what_mx(W);
+  auto run = [&](int r, std::shared_ptr<Communicator> comm) {
+    const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
+    MoeLayer layer(cfg, shard(q, E, H, F, W, r), std::move(comm));
+    const int64_t T = 5;
+    const std::vector<bf16> x = make_x(6301, r, T, H);
+    const Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(6302, r), 0, W);
+    std::vector<bf16> y(x.size());
+    const TensorView tx = TensorView::contiguous(const_cast<bf16*>(x.data()), DType::bf16, {T, H});
+    const TensorView tids = TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {T, k});
+    const TensorView tw = TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {T, k});
+    const TensorView ty = TensorView::contiguous(y.data(), DType::bf16, {T, H});
+    MoeForwardContext ctx;
+    try {
+      layer.forward(tx, tids, tw, ty, nullptr, r == 0 ? &ctx : nullptr);
+    } catch (const Error& e) {
+      what[size_t(r)] = e.what();
+    }
+    std::vector<uint8_t> xq(size_t(T) * H), xs(size_t(T) * H / 32);
+    try {
+      layer.forward_mxfp8(TensorView::contiguous(xq.data(), DType::e4m3, {T, H}),
+                          TensorView::contiguous(xs.data(), DType::e8m0, {T, H / 32}), tids, tw, ty);
+    } catch (const Error& e) {
+      what_mx[size_t(r)] = e.what();
+    }
+    layer.forward(tx, tids, tw, ty);  // still usable
+  };
+  report_rank_errors(run_mock_ranks(W, run, 20.0), "refusals");
+  for (int r = 0; r < W; ++r) {
+    EXPECT_NE(what[size_t(r)].find("FP8 block-128 layer is forward-only"), std::string::npos) << r << ": " << what[size_t(r)];
+    EXPECT_NE(what_mx[size_t(r)].find("needs an MXFP8 layer"), std::string::npos) << r << ": " << what_mx[size_t(r)];
+  }
+  // Construction (world 1): scale shapes and dims.
+  auto comm = make_mock_world(1)[0];
+  const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = 1, .rank = 0};
+  ExpertWeights good = shard(q, E, H, F, 1, 0);
+  ExpertWeights bad = good;
+  bad.w1_scale.shape[2] = 2;  // [E, 2F/128, 2]: not hidden / 128
+  EXPECT_THROW(MoeLayer(cfg, bad, comm), Error);
+  bad = good;
+  bad.w2_scale = TensorView{};  // missing
+  EXPECT_THROW(MoeLayer(cfg, bad, comm), Error);
+  const MoeConfig odd{.num_experts = E, .top_k = k, .hidden = 96, .ffn = F, .world_size = 1, .rank = 0};
+  EXPECT_THROW(MoeLayer(odd, good, comm), Error);
+  MoeLayer layer(cfg, good, comm);
+  const std::vector<bf16> w1(M.w1), w2(M.w2);
+  EXPECT_THROW(layer.bind_weights({TensorView::contiguous(const_cast<bf16*>(w1.data()), DType::bf16, {E, 2 * F, H}),
+                                   TensorView::contiguous(const_cast<bf16*>(w2.data()), DType::bf16, {E, H, F})}),
+               Error);
+  EXPECT_NO_THROW(layer.bind_weights(good));
 }
 
 }  // namespace

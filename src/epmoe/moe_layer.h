@@ -23,19 +23,24 @@
 
 namespace epmoe {
 
-// bf16, or MXFP8 (epmoe/mxfp8.h): w1 and w2 e4m3 with their e8m0 block scales along K. An MXFP8
-// layer quantizes x on the fly and requantizes the activation before DOWN; it is forward-only (a
-// saving forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 MX kernels,
+// bf16, MXFP8 (epmoe/mxfp8.h: w1 and w2 e4m3 with their e8m0 block scales along K), or FP8
+// block-128 (epmoe/fp8_block.h: e4m3 with fp32 scales per 128 x 128 block; the CPU engine only, for
+// now). An FP8 layer quantizes x on the fly and requantizes the activation before DOWN, in its
+// format; it is forward-only (a saving forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 MX kernels,
 // swap-AB or tile form by the heuristics tier (hidden and ffn multiples of 128; no capturable
 // forward or deterministic mode; of an sm90_plan override only swap=on|off, the form);
 // forward_mxfp8 (x given in the format) is the CPU engine's only, for now.
 struct ExpertWeights {
   TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
   TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]
-  TensorView w1_scale = {};  // MXFP8 only: e8m0 [E_local, 2*ffn, hidden / 32]
-  TensorView w2_scale = {};  // MXFP8 only: e8m0 [E_local, hidden, ffn / 32]
+  TensorView w1_scale = {};  // FP8 only: MXFP8 e8m0 [E_local, 2*ffn, hidden / 32], or FP8 block-128
+                             // (epmoe/fp8_block.h) f32 [E_local, 2*ffn / 128, hidden / 128]
+  TensorView w2_scale = {};  // FP8 only: MXFP8 e8m0 [E_local, hidden, ffn / 32], or FP8 block-128
+                             // f32 [E_local, hidden / 128, ffn / 128]
 
-  bool mxfp8() const { return w1.dtype == DType::e4m3; }
+  bool fp8() const { return w1.dtype == DType::e4m3; }
+  bool fp8_block() const { return fp8() && w1_scale.dtype == DType::f32; }
+  bool mxfp8() const { return fp8() && !fp8_block(); }
 };
 
 // What a forward keeps for its backward (MoeForwardContext), per routed (row, expert) pair:
