@@ -55,36 +55,40 @@ void reference_moe(const bf16* x, const int32_t* ids, const float* wts, int64_t 
 void reference_moe_mxfp8(const bf16* x, const int32_t* ids, const float* wts, int64_t T, int k, const uint8_t* w1q,
                          const uint8_t* w1s, const uint8_t* w2q, const uint8_t* w2s, int E, int H, int F, float* y) {
   const int b1 = H / mx::kBlock, b2 = F / mx::kBlock;
-  std::vector<float> xf(H), act(F), wrow(std::max(H, F));
-  std::vector<double> acc(H);
-  auto row_dot = [&](const uint8_t* q, const uint8_t* sc, int n, const float* v) {  // dequantized row . v
-    mx::dequantize_rows(q, sc, 1, n, wrow.data());
+  for (int64_t i = 0; i < T * k; ++i)
+    EPMOE_CHECK(ids[i] >= -1 && ids[i] < E, ErrorCode::expert_id_out_of_range, "reference_moe_mxfp8: id ", ids[i],
+                " at token ", i / k);
+  // x through the format once per token; then expert by expert (each dequantized once: fp32, exact),
+  // every (token, slot) of it adding into the token's fp64 sum. The slots' order per token does not
+  // matter beyond fp64 rounding.
+  std::vector<float> xf(size_t(T) * H), act(F), w1(size_t(2) * F * H), w2(size_t(H) * F);
+  for (int64_t i = 0; i < T * H; ++i) xf[size_t(i)] = x[i].f();
+  for (int64_t t = 0; t < T; ++t) mx::round_trip_row(&xf[size_t(t) * H], H);
+  std::vector<double> acc(size_t(T) * H, 0.0);
+  auto row_dot = [](const float* w, int n, const float* v) {  // dequantized row . v
     double d = 0;
-    for (int c = 0; c < n; ++c) d += double(wrow[c]) * v[c];
+    for (int c = 0; c < n; ++c) d += double(w[c]) * v[c];
     return d;
   };
-  for (int64_t t = 0; t < T; ++t) {
-    for (int c = 0; c < H; ++c) xf[c] = x[t * H + c].f();
-    mx::round_trip_row(xf.data(), H);
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int j = 0; j < k; ++j) {
-      const int e = ids[t * k + j];
-      if (e == -1) continue;
-      EPMOE_CHECK(e >= 0 && e < E, ErrorCode::expert_id_out_of_range, "reference_moe_mxfp8: id ", e, " at token ", t);
-      for (int i = 0; i < F; ++i) {
-        const int64_t g_row = int64_t(e) * 2 * F + i, u_row = g_row + F;
-        const double g = row_dot(w1q + g_row * H, w1s + g_row * b1, H, xf.data());
-        const double u = row_dot(w1q + u_row * H, w1s + u_row * b1, H, xf.data());
-        act[i] = float(g / (1.0 + std::exp(-g)) * u);
+  for (int e = 0; e < E; ++e) {
+    bool used = false;
+    for (int64_t i = 0; i < T * k && !used; ++i) used = ids[i] == e;
+    if (!used) continue;
+    mx::dequantize_rows(w1q + int64_t(e) * 2 * F * H, w1s + int64_t(e) * 2 * F * b1, 2 * F, H, w1.data());
+    mx::dequantize_rows(w2q + int64_t(e) * H * F, w2s + int64_t(e) * H * b2, H, F, w2.data());
+    for (int64_t t = 0; t < T; ++t)
+      for (int j = 0; j < k; ++j) {
+        if (ids[t * k + j] != e) continue;
+        const float* xr = &xf[size_t(t) * H];
+        for (int i = 0; i < F; ++i) {
+          const double g = row_dot(&w1[size_t(i) * H], H, xr), u = row_dot(&w1[size_t(F + i) * H], H, xr);
+          act[i] = float(g / (1.0 + std::exp(-g)) * u);
+        }
+        mx::round_trip_row(act.data(), F);
+        for (int c = 0; c < H; ++c) acc[size_t(t) * H + c] += double(wts[t * k + j]) * row_dot(&w2[size_t(c) * F], F, act.data());
       }
-      mx::round_trip_row(act.data(), F);
-      for (int c = 0; c < H; ++c) {
-        const int64_t row = int64_t(e) * H + c;
-        acc[c] += double(wts[t * k + j]) * row_dot(w2q + row * F, w2s + row * b2, F, act.data());
-      }
-    }
-    for (int c = 0; c < H; ++c) y[t * H + c] = float(acc[c]);
   }
+  for (int64_t i = 0; i < T * H; ++i) y[i] = float(acc[size_t(i)]);
 }
 
 void reference_moe_fp8_block(const bf16* x, const int32_t* ids, const float* wts, int64_t T, int k, const uint8_t* w1q,
