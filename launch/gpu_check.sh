@@ -17,7 +17,8 @@
 #                  and test_layout_gpu, and on test_backward_gpu's small cases; initcheck + synccheck
 #                  on the small sm90 case of every kernel form and on test_layout_gpu; memcheck on
 #                  test_capturable_gpu (one graph replay test, bad token counts) and test_forward_gpu
-#                  (all but the past-2^31 case)
+#                  (all but the past-2^31 case); all four tools on test_capturable_backward_gpu's
+#                  bf16-gradient case (the dgrad kernels, the device-bounded backward kernels)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_decode   epmoe_bench_experts --forms at issue 48's decode shapes (auto, 128-row, swap-AB and fused
 #                  side by side with the weight floor) + baseline_moe.py on them (compare_decode.txt)
@@ -410,7 +411,7 @@ stage_bench_mxfp8() {
     --tokens 1,8,64,128 --json "$LOGS/baseline_fp8.json" || rc=$?
   [[ -f $LOGS/bench_mxfp8.json && -f $LOGS/baseline_fp8.json ]] &&
     python3 launch/compare_fp8.py "$LOGS/bench_mxfp8.json" "$LOGS/baseline_fp8.json"
-  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | awk '{printf "T=1: mxfp8 %s us, bf16 auto %s us, mx floor %s us", $8, $6, $11}')
+  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | awk '{printf "T=1: mxfp8 %s us (%s), bf16 auto %s us, mx floor %s us", $8, $9, $6, $14}')
   KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
   return $rc
 }
