@@ -411,7 +411,7 @@ stage_bench_mxfp8() {
     --tokens 1,8,64,128 --json "$LOGS/baseline_fp8.json" || rc=$?
   [[ -f $LOGS/bench_mxfp8.json && -f $LOGS/baseline_fp8.json ]] &&
     python3 launch/compare_fp8.py "$LOGS/bench_mxfp8.json" "$LOGS/baseline_fp8.json"
-  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | awk '{printf "T=1: mxfp8 %s us (%s), bf16 auto %s us, mx floor %s us", $8, $9, $6, $14}')
+  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | head -1 | awk '{printf "T=1: mxfp8 %s us (%s), bf16 auto %s us, mx floor %s us", $8, $9, $6, $14}')
   KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
   return $rc
 }
