@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import baseline_moe  # noqa: E402  (its warm-up length)
+import baseline_moe  # noqa: E402  (bench_graph: the same timing method)
 
 E4M3_MAX = 448.0
 
@@ -40,43 +40,6 @@ def quant_rows(t):
     """bf16 [..., K] -> (E4M3 [..., K], fp32 scale [...]) with one scale per row: amax / 448."""
     s = t.abs().amax(dim=-1).float().clamp(min=1e-12) / E4M3_MAX
     return (t.float() / s.unsqueeze(-1)).to(torch.float8_e4m3fn), s
-
-
-def time_evicted(fns, iters, dev):
-    """Median ms of one graph replay, each after a 256 MB write (L2 evicted, untimed); the graphs of
-    `fns` rotate. Warm-up: replays for baseline_moe.WARMUP_MS first (the board is power-capped)."""
-    import time
-    evict = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            for fn in fns:
-                fn()
-    torch.cuda.current_stream().wait_stream(s)
-    graphs = []
-    for fn in fns:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        graphs.append(g)
-    start = time.perf_counter()
-    while (time.perf_counter() - start) * 1e3 < baseline_moe.WARMUP_MS:
-        for g in graphs:
-            g.replay()
-        torch.cuda.synchronize()
-    ts = []
-    for i in range(iters):
-        evict.zero_()
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        graphs[i % len(graphs)].replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def run_shape(E, k, D, H, T, iters, align, dev):
@@ -123,7 +86,8 @@ def run_shape(E, k, D, H, T, iters, align, dev):
             out.index_add_(0, src_t, (eo.float() * wsel_t).to(torch.bfloat16))
         return f
 
-    return time_evicted([layer(xq, s) for xq, s in xs], iters, dev)
+    evict = torch.empty(256 << 20, dtype=torch.uint8, device=dev)  # written before each timed replay
+    return baseline_moe.bench_graph([layer(xq, s) for xq, s in xs], iters, before_each=evict.zero_)
 
 
 def main():

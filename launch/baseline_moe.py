@@ -40,10 +40,11 @@ FULL = [(32, 4, 2048, 1024, [1024, 4096, 16384, 65536, 131072]),
 WARMUP_MS = 500.0  # --warmup-ms: replays before each timed region (as epmoe_bench_experts --warmup-ms)
 
 
-def bench_graph(fns, iters, warm=3):
+def bench_graph(fns, iters, warm=3, before_each=None):
     """Median ms of one replay; replays rotate over the graphs of `fns` (one per input set), timed
     after at least WARMUP_MS of replays (the board is power-capped: a region timed right after an
-    idle host setup would start in a power headroom that continuous training never sees)."""
+    idle host setup would start in a power headroom that continuous training never sees).
+    before_each: queued before each timed replay, outside its events (baseline_fp8.py: an L2 evict)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -69,6 +70,8 @@ def bench_graph(fns, iters, warm=3):
                 break
     ts = []
     for i in range(iters):
+        if before_each is not None:
+            before_each()
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()

@@ -32,7 +32,9 @@
 #include "kernels/ep/combine_reduce.cuh"
 #include "kernels/ep/dispatch_layout.cuh"
 #include "kernels/expert_problem.cuh"
+#include "kernels/sm90/dgrad.cuh"
 #include "kernels/sm90/experts.cuh"
+#include "kernels/sm90/wgrad.cuh"
 
 namespace epmoe::gpu {
 
@@ -52,6 +54,11 @@ void GpuEngine::init_capturable() {
   EPMOE_CHECK(rows * std::max(cfg.top_k, W) < int64_t(INT32_MAX), ErrorCode::unsupported, "max_tokens_per_rank ", N,
               " x world ", W, " x top_k ", cfg.top_k, " exceeds the 32-bit row and pair indices");
   cap_rows_ = kernels::capturable_rows_capacity(rows, cfg.top_k, El);
+  // The capturable backward's kernels: dgrad (k, n) = (hidden, ffn) and (2 ffn, hidden), wgrad (m, n)
+  // the same pairs (asked once: the config and the device are fixed).
+  const int H = cfg.hidden, F = cfg.ffn;
+  cap_bwd_supported_ = kernels::sm90_dgrad_supported(H, F) && kernels::sm90_dgrad_supported(2 * F, H) &&
+                       kernels::sm90_wgrad_supported(H, F) && kernels::sm90_wgrad_supported(2 * F, H);
   size_t bytes = 0;
   (void)carve_layout({}, El, cap_rows_, &bytes);
   cap_layout_.ensure(bytes);

@@ -41,12 +41,8 @@ using namespace capturable;
 void GpuEngine::check_capturable_backward(const char* who) const {
   EPMOE_CHECK(opt_.max_tokens_per_rank > 0, ErrorCode::invalid_argument, who,
               ": the layer was built without LayerOptions::max_tokens_per_rank");
-  const int H = cfg.hidden, F = cfg.ffn;
-  // dgrad: (k, n) = (hidden, ffn) and (2 ffn, hidden); wgrad: (m, n) = (hidden, ffn) and (2 ffn, hidden).
-  EPMOE_CHECK(kernels::sm90_dgrad_supported(H, F) && kernels::sm90_dgrad_supported(2 * F, H) &&
-                  kernels::sm90_wgrad_supported(H, F) && kernels::sm90_wgrad_supported(2 * F, H),
-              ErrorCode::unsupported, who, ": the capturable backward's sm_90 dgrad / wgrad kernels need hidden (", H,
-              ") and ffn (", F, ") multiples of 256 on an sm_90a device");
+  EPMOE_CHECK(cap_bwd_supported_, ErrorCode::unsupported, who, ": the capturable backward's sm_90 dgrad / wgrad "
+              "kernels need hidden (", cfg.hidden, ") and ffn (", cfg.ffn, ") multiples of 256 on an sm_90a device");
 }
 
 void GpuEngine::init_capturable_backward(cudaStream_t s) {

@@ -187,6 +187,7 @@ class GpuEngine final : public MoeLayer::Engine {
   // the capturable backward's scratch (gpu_capturable_buffers.cuh: carve_backward), and what the
   // last capturable forward queued (host order = the order a graph replays them in)
   DeviceBuffer cap_bwd_;
+  bool cap_bwd_supported_ = false;  // the dgrad / wgrad kernels take this config here (init_capturable)
   struct CapturableSaved {
     bool on = false;  // the last forward_capturable saved
     const void* x = nullptr;

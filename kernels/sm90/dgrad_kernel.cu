@@ -118,12 +118,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 namespace epmoe::kernels {
 
 bool sm90_dgrad_supported(int k, int n) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return k > 0 && n > 0 && k % sm90::kBK == 0 && n % sm90::kBN == 0 && sm90_experts_supported(dev);
+  return k > 0 && n > 0 && k % sm90::kBK == 0 && n % sm90::kBN == 0 && sm90_experts_supported_here();
 }
 
 void sm90_dgrad_launch(const DgradProblem& p, cudaStream_t stream) {

@@ -12,6 +12,15 @@
 
 namespace epmoe::kernels {
 
+bool sm90_experts_supported_here() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return sm90_experts_supported(dev);
+}
+
 bool sm90_experts_supported(int device) {
   int major = 0, minor = 0;
   if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||

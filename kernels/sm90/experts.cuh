@@ -28,6 +28,8 @@ namespace epmoe::kernels {
 
 // True when `device` is compute capability 9.0 and this build carries sm_90a code for the kernels.
 bool sm90_experts_supported(int device);
+// The same for the current device (false when there is none).
+bool sm90_experts_supported_here();
 // The device facts the heuristics read (SMs, L2 bytes).
 Sm90Device sm90_device(int device);
 // The shape the heuristics read from a problem.

@@ -38,8 +38,18 @@ struct SwapItem {
   int e;       // expert
   int rows;    // its real rows (0..64; 0: nothing to compute)
 };
+// Whole warp (ballots): the real rows among pair_row[m0, m0 + kRows) (a segment's real rows come first).
+template <int kRows>
+__device__ __forceinline__ int count_real_rows(const int32_t* pair_row, int64_t m0) {
+  const int lane = int(threadIdx.x & 31);
+  int n = 0;
+#pragma unroll
+  for (int i = 0; i < kRows / 32; ++i) n += __popc(__ballot_sync(0xffffffffu, pair_row[m0 + 32 * i + lane] >= 0));
+  return n;
+}
+
 // Whole warp (ballots). half_items = tiles * blocks: the items of one half. Args: SwapArgs, or the
-// MX kernels' MxSwapArgs (padded_offsets, experts, pair_row).
+// MX kernels' MxArgs (padded_offsets, experts, pair_row).
 template <class Args>
 __device__ __forceinline__ SwapItem swap_item(const Args& a, int64_t w, int64_t tiles, int64_t half_items) {
   SwapItem it;
@@ -49,12 +59,7 @@ __device__ __forceinline__ SwapItem swap_item(const Args& a, int64_t w, int64_t 
   const int64_t t0 = (v - int64_t(it.j) * tiles) * kBM;
   it.m0 = t0 + half * kSwapRows;
   it.e = expert_of_tile(a.padded_offsets, a.experts, t0);
-  // Real rows: the segment's prefix.
-  const int lane = int(threadIdx.x & 31);
-  int n = 0;
-#pragma unroll
-  for (int i = 0; i < kSwapRows / 32; ++i) n += __popc(__ballot_sync(0xffffffffu, a.pair_row[it.m0 + 32 * i + lane] >= 0));
-  it.rows = n;
+  it.rows = count_real_rows<kSwapRows>(a.pair_row, it.m0);
   return it;
 }
 

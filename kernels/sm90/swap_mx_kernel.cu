@@ -24,6 +24,7 @@
 #include "kernels/sm90/core/gather.cuh"
 #include "kernels/sm90/core/ring.cuh"
 #include "kernels/sm90/core/wgmma_fp8.cuh"
+#include "kernels/sm90/mx_common.cuh"
 #include "kernels/sm90/launch.cuh"
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/swap_mx.cuh"
@@ -33,21 +34,6 @@
 
 namespace epmoe::kernels::sm90 {
 
-struct MxSwapArgs {
-  const int64_t* padded_offsets;
-  int experts, hidden, ffn;
-  const uint8_t* src;  // UP: x (packed rows pair_row[r]); DOWN: act (packed rows r)
-  int64_t src_rows, src_row_bytes;
-  const uint8_t* w_scale;  // UP: w1_scale; DOWN: w2_scale
-  const int32_t* pair_row;
-  const float* pair_weight;
-  uint8_t* act;  // UP
-  int64_t act_row_bytes;
-  __nv_bfloat16* out;  // DOWN
-  int64_t out_rows;
-  __nv_bfloat16* zero_out;  // UP, optional
-  int64_t zero_chunks;
-};
 
 #if EPMOE_SM90A_DEVICE
 namespace {
@@ -55,7 +41,7 @@ namespace {
 // The weight row (in w*_scale's rows) of A-tile row i. UP: the e4m3 swap map's box {128, 8, 2, 4}
 // lands row i = r + 8p + 16b as W1 row p * ffn + 32j + 8b + r of expert e.
 template <bool kUp>
-__device__ __forceinline__ int64_t weight_row(const MxSwapArgs& a, const SwapItem& it, int i) {
+__device__ __forceinline__ int64_t weight_row(const MxArgs& a, const SwapItem& it, int i) {
   if constexpr (kUp) {
     const int r = i & 7, p = (i >> 3) & 1, b = i >> 4;
     return int64_t(it.e) * 2 * a.ffn + int64_t(p) * a.ffn + 32 * it.j + 8 * b + r;
@@ -79,7 +65,7 @@ __device__ __forceinline__ void promote_block(float (&acc)[N / 2], const float (
 // The consumer warpgroup's item at N: the k loop with promotion, then the epilogue. wl: warp in the
 // warpgroup (0..3); fragment rows (weight rows) 16 wl + lane / 4 + 8 h, token columns 8 g + 2 (lane % 4) + b.
 template <bool kUp, int N>
-__device__ __forceinline__ void mx_consume(const MxSwapArgs& a, const SwapItem& it, RingCursor<kMxSwapStages>& cur,
+__device__ __forceinline__ void mx_consume(const MxArgs& a, const SwapItem& it, RingCursor<kMxSwapStages>& cur,
                                            const Ring<kMxSwapStages>& ring, uint32_t ring_base, uint32_t sc_base,
                                            uint32_t stg, int num_k, int wl, int lane) {
   float acc[N / 2], part[N == 64 ? 2 : 4][N / 2];
@@ -216,7 +202,7 @@ __device__ __forceinline__ void mx_consume(const MxSwapArgs& a, const SwapItem& 
 
 template <bool kUp>
 __global__ void __launch_bounds__(kSwapThreads, 1)
-    sm90_mx_swap_kernel(const __grid_constant__ CUtensorMap tm_w, const MxSwapArgs a) {
+    sm90_mx_swap_kernel(const __grid_constant__ CUtensorMap tm_w, const MxArgs a) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kMxSwapStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
@@ -330,18 +316,7 @@ void launch_mx_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s)
 namespace {
 void launch_mx_swap(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s) {
   check_mx_expert_problem(p, up ? "sm90_mx_up_launch" : "sm90_mx_down_launch");
-  MxSwapArgs a{};
-  a.padded_offsets = p.padded_offsets;
-  a.experts = p.experts, a.hidden = p.hidden, a.ffn = p.ffn;
-  a.src = up ? p.x : p.act;
-  a.src_rows = up ? p.x_rows : p.rows_capacity;
-  a.src_row_bytes = mx::packed_row_bytes(up ? p.hidden : p.ffn);
-  a.w_scale = up ? p.w1_scale : p.w2_scale;
-  a.pair_row = p.pair_row, a.pair_weight = p.pair_weight;
-  a.act = p.act, a.act_row_bytes = mx::packed_row_bytes(p.ffn);
-  a.out = p.out, a.out_rows = p.out_rows;
-  a.zero_out = up && p.zero_out ? p.out : nullptr;
-  a.zero_chunks = up && p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : 0;
+  const MxArgs a = make_mx_args(p, up);
   const CUtensorMap tm = up ? make_w1_swap_map_e4m3(p.w1, p.experts, p.hidden, p.ffn)
                             : make_w2_map_e4m3(p.w2, p.experts, p.hidden, p.ffn, kSwapWeightRows);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;

@@ -62,13 +62,21 @@ CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t col
   return encode(base, 2, dims, strides, box, "matrix map");
 }
 
-CUtensorMap make_expert_matrix_map(const __nv_bfloat16* base, int experts, int64_t rows, int64_t cols, int box_rows) {
-  EPMOE_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0, ErrorCode::invalid_argument,
-              "expert matrix map: bad shape ", experts, " x ", rows, " x ", cols);
+namespace {
+// [E, rows, cols] bf16 as rank 3 {cols, rows, E}, box {64, box_rows, 1} (make_expert_matrix_map, make_w2_map).
+CUtensorMap expert_matrix_map(const __nv_bfloat16* base, int experts, int64_t rows, int64_t cols, int box_rows,
+                              const char* what) {
+  EPMOE_CHECK(experts > 0 && rows > 0 && cols > 0 && cols % 8 == 0, ErrorCode::invalid_argument, what,
+              ": bad shape E=", experts, " rows=", rows, " cols=", cols);
   const cuuint64_t dims[3] = {cuuint64_t(cols), cuuint64_t(rows), cuuint64_t(experts)};
   const cuuint64_t strides[2] = {cuuint64_t(cols) * 2, cuuint64_t(rows) * cuuint64_t(cols) * 2};
   const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
-  return encode(base, 3, dims, strides, box, "expert matrix map");
+  return encode(base, 3, dims, strides, box, what);
+}
+}  // namespace
+
+CUtensorMap make_expert_matrix_map(const __nv_bfloat16* base, int experts, int64_t rows, int64_t cols, int box_rows) {
+  return expert_matrix_map(base, experts, rows, cols, box_rows, "expert matrix map");
 }
 
 CUtensorMap make_preact_map(const __nv_bfloat16* h, int64_t rows, int ffn) {
@@ -149,13 +157,7 @@ CUtensorMap make_w1_box_map(const __nv_bfloat16* w1, int experts, int hidden, in
 }
 
 CUtensorMap make_w2_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn, int box_rows) {
-  EPMOE_CHECK(experts > 0 && hidden > 0 && ffn > 0 && ffn % 8 == 0, ErrorCode::invalid_argument,
-              "w2 map: bad shape E=", experts, " hidden=", hidden, " ffn=", ffn);
-  const cuuint64_t H = cuuint64_t(hidden), F = cuuint64_t(ffn);
-  const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};
-  const cuuint64_t strides[2] = {F * 2, H * F * 2};
-  const cuuint32_t box[3] = {64, cuuint32_t(box_rows), 1};
-  return encode(w2, 3, dims, strides, box, "w2 map");
+  return expert_matrix_map(w2, experts, hidden, ffn, box_rows, "w2 map");
 }
 
 CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, int ffn) {

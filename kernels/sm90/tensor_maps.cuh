@@ -17,7 +17,8 @@ namespace epmoe::kernels::sm90 {
 CUtensorMap make_matrix_map(const __nv_bfloat16* base, int64_t rows, int64_t cols, int box_rows);
 // E row-major [rows, cols] bf16 matrices back to back ([E, rows, cols]) as rank 3 {cols, rows, E},
 // box {64 cols, box_rows rows, 1}; coordinate {col, row, e}: a box past `rows` reads zeros, never the
-// next expert's rows. The backward's dgrad B operands (W2 as [E, hidden, ffn], W1 as [E, 2 ffn, hidden]).
+// next expert's rows. The backward's dgrad B operands (W2 as [E, hidden, ffn], W1 as [E, 2 ffn, hidden]);
+// make_w2_map is this map of W2.
 CUtensorMap make_expert_matrix_map(const __nv_bfloat16* base, int experts, int64_t rows, int64_t cols, int box_rows);
 // h = [g | u] [rows, 2 ffn] as rank 3 {ffn, 2, rows}, box {64, 1, 64}; coordinate {col, half, row}: a
 // gate box past ffn is dropped instead of landing in the up half.

@@ -26,6 +26,7 @@
 #include "kernels/sm90/core/kernel.cuh"
 #include "kernels/sm90/core/ring.cuh"
 #include "kernels/sm90/core/wgmma_fp8.cuh"
+#include "kernels/sm90/mx_common.cuh"
 #include "kernels/sm90/launch.cuh"
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/swap_mx.cuh"
@@ -35,21 +36,6 @@
 
 namespace epmoe::kernels::sm90 {
 
-struct MxTileArgs {
-  const int64_t* padded_offsets;
-  int experts, hidden, ffn;
-  const uint8_t* src;  // UP: x (packed rows pair_row[r]); DOWN: act (packed rows r)
-  int64_t src_rows, src_row_bytes;
-  const uint8_t* w_scale;  // UP: w1_scale; DOWN: w2_scale
-  const int32_t* pair_row;
-  const float* pair_weight;
-  uint8_t* act;  // UP
-  int64_t act_row_bytes;
-  __nv_bfloat16* out;  // DOWN
-  int64_t out_rows;
-  __nv_bfloat16* zero_out;  // UP, optional
-  int64_t zero_chunks;
-};
 
 inline constexpr uint32_t kMxTileProducerRegs = 104, kMxTileConsumerRegs = 200;
 inline constexpr int kMxTileGatherThreads = 128;
@@ -64,17 +50,13 @@ struct MxTileItem {
   int rows;    // its real rows (the segment's prefix)
 };
 // Whole warp (ballots).
-__device__ __forceinline__ MxTileItem mx_tile_item(const MxTileArgs& a, int64_t w, int blocks) {
+__device__ __forceinline__ MxTileItem mx_tile_item(const MxArgs& a, int64_t w, int blocks) {
   MxTileItem it;
   const int64_t t = w / blocks;
   it.j = int(w - t * blocks);
   it.m0 = t * kBM;
   it.e = expert_of_tile(a.padded_offsets, a.experts, it.m0);
-  const int lane = int(threadIdx.x & 31);
-  int n = 0;
-#pragma unroll
-  for (int i = 0; i < kBM / 32; ++i) n += __popc(__ballot_sync(0xffffffffu, a.pair_row[it.m0 + 32 * i + lane] >= 0));
-  it.rows = n;
+  it.rows = count_real_rows<kBM>(a.pair_row, it.m0);
   return it;
 }
 
@@ -82,7 +64,7 @@ __device__ __forceinline__ MxTileItem mx_tile_item(const MxTileArgs& a, int64_t 
 // (box {128, 8, 2, 4} at 32-column block 2 j + c) lands row r + 8 p + 16 b of the box as W1 row
 // p * ffn + 32 (2 j + c) + 8 b + r of expert e.
 template <bool kUp>
-__device__ __forceinline__ int64_t tile_weight_row(const MxTileArgs& a, const MxTileItem& it, int i) {
+__device__ __forceinline__ int64_t tile_weight_row(const MxArgs& a, const MxTileItem& it, int i) {
   if constexpr (kUp) {
     const int c = i >> 6, r = i & 7, p = (i >> 3) & 1, b = (i >> 4) & 3;
     return int64_t(it.e) * 2 * a.ffn + int64_t(p) * a.ffn + 32 * (2 * it.j + c) + 8 * b + r;
@@ -111,7 +93,7 @@ __device__ __forceinline__ void promote_tile_block(float (&acc)[64], const float
 
 template <bool kUp>
 __global__ void __launch_bounds__(kThreads, 1)
-    sm90_mx_tile_kernel(const __grid_constant__ CUtensorMap tm_w, const MxTileArgs a) {
+    sm90_mx_tile_kernel(const __grid_constant__ CUtensorMap tm_w, const MxArgs a) {
 #if EPMOE_SM90A_DEVICE
   __shared__ __align__(8) uint64_t bars[2 * kMxTileStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
@@ -287,18 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 void launch_mx_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s) {
   check_mx_expert_problem(p, up ? "sm90_mx_up_launch (tile)" : "sm90_mx_down_launch (tile)");
-  MxTileArgs a{};
-  a.padded_offsets = p.padded_offsets;
-  a.experts = p.experts, a.hidden = p.hidden, a.ffn = p.ffn;
-  a.src = up ? p.x : p.act;
-  a.src_rows = up ? p.x_rows : p.rows_capacity;
-  a.src_row_bytes = mx::packed_row_bytes(up ? p.hidden : p.ffn);
-  a.w_scale = up ? p.w1_scale : p.w2_scale;
-  a.pair_row = p.pair_row, a.pair_weight = p.pair_weight;
-  a.act = p.act, a.act_row_bytes = mx::packed_row_bytes(p.ffn);
-  a.out = p.out, a.out_rows = p.out_rows;
-  a.zero_out = up && p.zero_out ? p.out : nullptr;
-  a.zero_chunks = up && p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : 0;
+  const MxArgs a = make_mx_args(p, up);
   const CUtensorMap tm = up ? make_w1_swap_map_e4m3(p.w1, p.experts, p.hidden, p.ffn)
                             : make_w2_map_e4m3(p.w2, p.experts, p.hidden, p.ffn, kMxTileWeightRows);
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;

@@ -129,12 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 namespace epmoe::kernels {
 
 bool sm90_wgrad_supported(int m, int n) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return m > 0 && n > 0 && m % sm90::kBM == 0 && n % sm90::kBN == 0 && sm90_experts_supported(dev);
+  return m > 0 && n > 0 && m % sm90::kBM == 0 && n % sm90::kBN == 0 && sm90_experts_supported_here();
 }
 
 void sm90_wgrad_launch(const WgradProblem& p, cudaStream_t stream) {

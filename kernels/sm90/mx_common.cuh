@@ -1,0 +1,45 @@
+// The MX kernels' arguments (swap_mx_kernel.cu: swap-AB form; tile_mx_kernel.cu: tile form) and how
+// their launchers fill them from an MxExpertProblem.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "epmoe/mxfp8.h"
+#include "kernels/sm90/swap_mx.cuh"
+
+namespace epmoe::kernels::sm90 {
+
+struct MxArgs {
+  const int64_t* padded_offsets;
+  int experts, hidden, ffn;
+  const uint8_t* src;  // UP: x (packed rows pair_row[r]); DOWN: act (packed rows r)
+  int64_t src_rows, src_row_bytes;
+  const uint8_t* w_scale;  // UP: w1_scale; DOWN: w2_scale
+  const int32_t* pair_row;
+  const float* pair_weight;
+  uint8_t* act;  // UP
+  int64_t act_row_bytes;
+  __nv_bfloat16* out;  // DOWN
+  int64_t out_rows;
+  __nv_bfloat16* zero_out;  // UP, optional
+  int64_t zero_chunks;
+};
+
+inline MxArgs make_mx_args(const MxExpertProblem& p, bool up) {
+  MxArgs a{};
+  a.padded_offsets = p.padded_offsets;
+  a.experts = p.experts, a.hidden = p.hidden, a.ffn = p.ffn;
+  a.src = up ? p.x : p.act;
+  a.src_rows = up ? p.x_rows : p.rows_capacity;
+  a.src_row_bytes = mx::packed_row_bytes(up ? p.hidden : p.ffn);
+  a.w_scale = up ? p.w1_scale : p.w2_scale;
+  a.pair_row = p.pair_row, a.pair_weight = p.pair_weight;
+  a.act = p.act, a.act_row_bytes = mx::packed_row_bytes(p.ffn);
+  a.out = p.out, a.out_rows = p.out_rows;
+  a.zero_out = up && p.zero_out ? p.out : nullptr;
+  a.zero_chunks = up && p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : 0;
+  return a;
+}
+
+}  // namespace epmoe::kernels::sm90
