@@ -404,11 +404,11 @@ stage_bench_decode() {
 stage_bench_mxfp8() {
   local bin=$BUILD/src/programs/epmoe_bench_mxfp8 rc=0
   [[ -x $bin ]] || { KEY_FIG="missing $bin"; return 1; }
-  tmo --max $(( (STAGE_DEADLINE - SECONDS) / 2 )) "$bin" --shapes "32,4,2048,1024;128,8,2048,768" --tokens 1,8,64,128 \
+  tmo --max $(( (STAGE_DEADLINE - SECONDS) / 2 )) "$bin" --shapes "32,4,2048,1024;128,8,2048,768" --tokens 1,8,64,128,16384 \
     --json "$LOGS/bench_mxfp8.json" || rc=$?
   # torch's scaled grouped GEMM on the same shapes (E4M3 rowwise on sm_90), joined with ours
   tmo --max $(( STAGE_DEADLINE - SECONDS - 2 )) python3 launch/baseline_fp8.py --shapes "32,4,2048,1024;128,8,2048,768" \
-    --tokens 1,8,64,128 --json "$LOGS/baseline_fp8.json" || rc=$?
+    --tokens 1,8,64,128,16384 --json "$LOGS/baseline_fp8.json" || rc=$?
   [[ -f $LOGS/bench_mxfp8.json && -f $LOGS/baseline_fp8.json ]] &&
     python3 launch/compare_fp8.py "$LOGS/bench_mxfp8.json" "$LOGS/baseline_fp8.json"
   KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | head -1 | awk '{printf "T=1: mxfp8 %s us (%s), bf16 auto %s us, mx floor %s us", $8, $9, $6, $14}')

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "epmoe/mxfp8.h"
@@ -32,6 +33,7 @@
 #include "kernels/ep/dispatch_layout.cuh"
 #include "kernels/ep/expert_layout.cuh"
 #include "kernels/ep/pack_rows.cuh"
+#include "kernels/ep/pack_rows_fp8b.cuh"
 #include "kernels/ep/pack_rows_mx.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/fallback/cublas_experts.cuh"
@@ -56,25 +58,26 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
   device_ = w.w1.device_index;
-  EPMOE_CHECK(!w.fp8_block(), ErrorCode::unsupported, "FP8 block-128 weights (f32 block scales) run on the CPU "
-              "engine only, for now: no GPU kernel takes them yet (MXFP8 weights, e8m0 scales, do)");
-  mx_ = w.mxfp8();
+  mx_ = w.fp8();
+  fp8_scales_ = w.fp8_block() ? kernels::Fp8Scales::block128 : kernels::Fp8Scales::mx32;
   set_weights(w);
   DeviceGuard guard(device_);
   if (mx_) {
     // What the MX kernels take today; refused here, alike on every rank (same config and options).
     EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
-                "MXFP8 weights on cuda need a compute capability 9.0 GPU and a build with sm_90a code (device ",
+                "FP8 weights on cuda need a compute capability 9.0 GPU and a build with sm_90a code (device ",
                 device_, ")");
     EPMOE_CHECK(cfg.hidden % mx::kGpuDimAlignment == 0 && cfg.ffn % mx::kGpuDimAlignment == 0, ErrorCode::unsupported,
-                "MXFP8 weights on cuda need hidden and ffn multiples of ", mx::kGpuDimAlignment, " (got hidden ",
+                "FP8 weights on cuda need hidden and ffn multiples of ", mx::kGpuDimAlignment, " (got hidden ",
                 cfg.hidden, ", ffn ", cfg.ffn, ")");
     EPMOE_CHECK(opt.expert_path == ExpertPath::automatic || opt.expert_path == ExpertPath::sm90,
-                ErrorCode::unsupported, "an MXFP8 layer runs the sm_90 MX kernels: expert_path must be automatic or sm90");
-    Sm90PlanOverride rest = opt.sm90_plan;  // an MXFP8 layer reads only the form (swap=on|off) of a plan
+                ErrorCode::unsupported, "an FP8 layer runs the sm_90 FP8 kernels: expert_path must be automatic or sm90");
+    EPMOE_CHECK(!(w.fp8_block() && opt.sm90_plan.swap_ab.value_or(false)), ErrorCode::unsupported,
+                "an FP8 block-128 layer runs the tile form only: sm90_plan swap=on has no block-128 kernel");
+    Sm90PlanOverride rest = opt.sm90_plan;  // an FP8 layer reads only the form (swap=on|off) of a plan
     rest.swap_ab.reset();
     EPMOE_CHECK(opt.max_tokens_per_rank == 0 && !opt.deterministic && rest.empty(), ErrorCode::unsupported,
-                "an MXFP8 layer on cuda has no capturable forward (max_tokens_per_rank), no deterministic mode and "
+                "an FP8 layer on cuda has no capturable forward (max_tokens_per_rank), no deterministic mode and "
                 "takes of an sm90_plan override only swap=on|off (its swap-AB or tile form)");
   }
 
@@ -193,17 +196,18 @@ void GpuEngine::bind_weights(const ExpertWeights& w) {
   EPMOE_CHECK(w.w1.device_index == device_ && w.w2.device_index == device_, ErrorCode::invalid_argument,
               "bind_weights: w1 / w2 on cuda:", w.w1.device_index, " / cuda:", w.w2.device_index,
               " but the layer runs on cuda:", device_);
-  EPMOE_CHECK(!w.fp8_block(), ErrorCode::invalid_argument, "bind_weights: FP8 block-128 weights on cuda");
-  EPMOE_CHECK(w.mxfp8() == mx_, ErrorCode::invalid_argument, "bind_weights: the layer was built with ",
-              mx_ ? "MXFP8" : "bf16", " weights; these are ", w.mxfp8() ? "MXFP8" : "bf16");
+  auto format = [](const ExpertWeights& v) { return v.mxfp8() ? "MXFP8" : v.fp8_block() ? "FP8 block-128" : "bf16"; };
+  const char* built = !mx_ ? "bf16" : fp8_scales_ == kernels::Fp8Scales::block128 ? "FP8 block-128" : "MXFP8";
+  EPMOE_CHECK(std::string(format(w)) == built, ErrorCode::invalid_argument, "bind_weights: the layer was built with ",
+              built, " weights; these are ", format(w));
   set_weights(w);
 }
 
 void GpuEngine::set_weights(const ExpertWeights& w) {
   auto aligned = [](const TensorView& t) { return reinterpret_cast<uintptr_t>(t.data) % 16 == 0; };
-  EPMOE_CHECK(aligned(w.w1) && aligned(w.w2) && (!w.mxfp8() || (aligned(w.w1_scale) && aligned(w.w2_scale))),
+  EPMOE_CHECK(aligned(w.w1) && aligned(w.w2) && (!w.fp8() || (aligned(w.w1_scale) && aligned(w.w2_scale))),
               ErrorCode::invalid_argument, "w1 and w2 (and their scales) must be 16-byte aligned");
-  if (w.mxfp8()) {
+  if (w.fp8()) {
     EPMOE_CHECK(w.w1_scale.device_index == device_ && w.w2_scale.device_index == device_,
                 ErrorCode::invalid_argument, "w1_scale / w2_scale must be on cuda:", device_, " with the weights");
     w1q_ = w.w1.ptr<uint8_t>(), w1s_ = w.w1_scale.ptr<uint8_t>();
@@ -215,7 +219,7 @@ void GpuEngine::set_weights(const ExpertWeights& w) {
 }
 
 size_t GpuEngine::wire_row_bytes() const {
-  return mx_ ? size_t(mx::packed_row_bytes(cfg.hidden)) : size_t(cfg.hidden) * sizeof(bf16);
+  return mx_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, cfg.hidden)) : size_t(cfg.hidden) * sizeof(bf16);
 }
 
 GpuDispatchView GpuEngine::dispatch_view() const {
@@ -300,7 +304,7 @@ int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, cons
   protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
   if (status.ok() && mx_ && saving) {
     status.code = ErrorCode::unsupported;
-    status.text = "an MXFP8 layer is forward-only: a forward that saves for backward is not supported";
+    status.text = "an FP8 layer is forward-only: a forward that saves for backward is not supported";
   }
   if (status.ok()) status = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
@@ -417,8 +421,8 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   recv_meta_.ensure(size_t(R) * meta_bytes);
   combine_.ensure(size_t(R) * row_bytes);
   if (path == ExpertPath::cublas) xs_.ensure(size_t(P) * row_bytes);  // the sm90 UP gathers from recv_x_ itself
-  // act: bf16 rows, or packed MXFP8 rows of ffn (the MX UP requantizes it for DOWN).
-  act_.ensure(size_t(P) * (mx_ ? size_t(mx::packed_row_bytes(F)) : F * sizeof(bf16)));
+  // act: bf16 rows, or packed FP8 rows of ffn (the FP8 UP requantizes it for DOWN).
+  act_.ensure(size_t(P) * (mx_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, F)) : F * sizeof(bf16)));
   pair_row_.ensure(size_t(P) * sizeof(int32_t));
   pair_weight_.ensure(size_t(P) * sizeof(float));
   expert_ws_.ensure(kernels::expert_layout_workspace_bytes(R, El));
@@ -431,8 +435,11 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   if (R > 0) EPMOE_CUDA_CHECK(cudaMemsetAsync(combine_.as<void>(), 0, size_t(R) * row_bytes, side_));
   EPMOE_CUDA_CHECK(cudaEventRecord(ev_zeroed_, side_));
 
-  // An MXFP8 layer sends packed MXFP8 rows, quantized here at the source (0.52 of the bytes).
-  if (mx_) kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
+  // An FP8 layer sends packed FP8 rows of its format, quantized here at the source (0.52 of the bytes).
+  if (mx_ && fp8_scales_ == kernels::Fp8Scales::block128)
+    kernels::pack_rows_fp8b_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
+  else if (mx_)
+    kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
   else kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
   const AlltoallvPlane planes[2] = {
       protocol::make_plane(send_x_.as<void>(), recv_x_.as<void>(), f.send_rows, f.plan.recv_rows, wire_bytes),
@@ -500,8 +507,10 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       m.act = act_.as<uint8_t>();
       m.out = combine_.as<__nv_bfloat16>(), m.out_rows = R;
       m.rows_capacity = P, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
-      const bool tile = opt_.sm90_plan.swap_ab ? !*opt_.sm90_plan.swap_ab
-                                               : kernels::mx_tile_form_pays(f.plan.total_pairs(), El);
+      m.scales = fp8_scales_;
+      const bool tile = m.scales == kernels::Fp8Scales::block128 ||  // (its one form)
+                        (opt_.sm90_plan.swap_ab ? !*opt_.sm90_plan.swap_ab
+                                                : kernels::mx_tile_form_pays(f.plan.total_pairs(), El));
       m.form = tile ? kernels::MxForm::tile : kernels::MxForm::swap;
       kernels::sm90_mx_experts_launch(m, s);
     } else if (saving_h) {

@@ -17,6 +17,7 @@
 #include "kernels/expert_problem.cuh"
 #include "kernels/fallback/cublas_grouped.cuh"
 #include "kernels/heuristics/sm90_heuristics.h"
+#include "kernels/sm90/swap_mx.cuh"
 
 namespace epmoe::gpu {
 
@@ -131,12 +132,14 @@ class GpuEngine final : public MoeLayer::Engine {
   int device_ = 0;
   const __nv_bfloat16* w1_ = nullptr;
   const __nv_bfloat16* w2_ = nullptr;
-  // An MXFP8 layer (ExpertWeights::mxfp8): its E4M3 weights and E8M0 scales (w1_ / w2_ stay null),
-  // run by the MX swap-AB kernels (kernels/sm90/swap_mx.cuh); forward-only, not capturable.
+  // An FP8 layer (ExpertWeights::fp8): its E4M3 weights and their scales (w1_ / w2_ stay null) in
+  // fp8_scales_'s format (MXFP8's E8M0 bytes or block-128's fp32 words), run by the FP8 kernels
+  // (kernels/sm90/swap_mx.cuh); forward-only, not capturable.
   bool mx_ = false;
+  kernels::Fp8Scales fp8_scales_ = kernels::Fp8Scales::mx32;
   const uint8_t *w1q_ = nullptr, *w1s_ = nullptr, *w2q_ = nullptr, *w2s_ = nullptr;
   void set_weights(const ExpertWeights& w);
-  size_t wire_row_bytes() const;  // a dispatched row: bf16, or a packed MXFP8 row
+  size_t wire_row_bytes() const;  // a dispatched row: bf16, or a packed FP8 row
 
   cudaStream_t side_ = nullptr;
   cudaEvent_t ev_done_ = nullptr, ev_fork_ = nullptr, ev_zeroed_ = nullptr;

@@ -15,7 +15,8 @@
 //   w2[E, hidden, ffn] E4M3,   w2_scale[E, hidden, ffn / 32] E8M0
 //   act[rows_capacity] packed MX rows of ffn (workspace; rows past a half's real rows not written)
 //   out[out_rows, hidden] bf16: zeroed before DOWN (by the caller, or by UP with zero_out)
-// Requirements (Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0, the layout
+// Requirements (Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0, block128 scales
+// with the tile form only, the layout
 // as for the bf16 kernels (padded_offsets, pair_row with each segment's real rows first).
 #pragma once
 #include <cuda_bf16.h>
@@ -23,12 +24,28 @@
 
 #include <cstdint>
 
+#include "epmoe/fp8_block.h"
+#include "epmoe/mxfp8.h"
+
 namespace epmoe::kernels {
 
 // The kernels' form: swap-AB (weights in M, a half tile's real rows in N = 8 ... 64; decode) or the
 // tile form (tile_mx_kernel.cu: whole 128-row tiles against 128 weight rows; large T). The
 // heuristics tier picks it (kernels/heuristics/mx_heuristics.h).
 enum class MxForm : uint8_t { swap, tile };
+
+// The scale format of the operands (the element type is E4M3 in both):
+//   mx32: MXFP8 (epmoe/mxfp8.h), E8M0 scales per 32 along K: x / act packed MX rows,
+//         w1_scale [E, 2 ffn, hidden / 32], w2_scale [E, hidden, ffn / 32] (bytes);
+//   block128: FP8 block-128 (epmoe/fp8_block.h), fp32 scales: x / act packed block-128 rows (1 x 128
+//         blocks), w1_scale [E, 2 ffn / 128, hidden / 128], w2_scale [E, hidden / 128, ffn / 128]
+//         (floats, passed as their bytes). Tile form only (tile_fp8b_kernel.cu).
+enum class Fp8Scales : uint8_t { mx32, block128 };
+
+// Bytes of one packed row of K elements (x as dispatched, act) in format f.
+inline int64_t fp8_packed_row_bytes(Fp8Scales f, int K) {
+  return f == Fp8Scales::block128 ? fp8b::packed_row_bytes(K) : mx::packed_row_bytes(K);
+}
 
 struct MxExpertProblem {
   const uint8_t* x = nullptr;
@@ -47,6 +64,7 @@ struct MxExpertProblem {
   int experts = 0, hidden = 0, ffn = 0;
   bool zero_out = false;  // UP zeroes out[0, out_rows) itself (as ExpertProblem::zero_out)
   MxForm form = MxForm::swap;
+  Fp8Scales scales = Fp8Scales::mx32;
 };
 
 // Throws Error(invalid_argument) unless p meets the requirements above.

@@ -311,7 +311,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
 #endif
 }
 
-void launch_mx_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s);  // tile_mx_kernel.cu
+void launch_mx_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s);    // tile_mx_kernel.cu
+void launch_fp8b_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s);  // tile_fp8b_kernel.cu
 
 namespace {
 void launch_mx_swap(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t s) {
@@ -348,14 +349,18 @@ void check_mx_expert_problem(const MxExpertProblem& p, const char* who) {
               "16-byte aligned");
   EPMOE_CHECK(p.x_rows > 0 && p.out_rows >= 0, ErrorCode::invalid_argument, who, ": x_rows ", p.x_rows,
               ", out_rows ", p.out_rows);
+  EPMOE_CHECK(p.scales == Fp8Scales::mx32 || p.form == MxForm::tile, ErrorCode::invalid_argument, who,
+              ": FP8 block-128 scales run in the tile form only (there is no block-128 swap-AB kernel)");
 }
 
 void sm90_mx_up_launch(const MxExpertProblem& p, cudaStream_t s) {
-  if (p.form == MxForm::tile) sm90::launch_mx_tile(p, /*up=*/true, false, s);
+  if (p.scales == Fp8Scales::block128) sm90::launch_fp8b_tile(p, /*up=*/true, false, s);
+  else if (p.form == MxForm::tile) sm90::launch_mx_tile(p, /*up=*/true, false, s);
   else sm90::launch_mx_swap(p, /*up=*/true, false, s);
 }
 void sm90_mx_down_launch(const MxExpertProblem& p, cudaStream_t s, bool pdl) {
-  if (p.form == MxForm::tile) sm90::launch_mx_tile(p, /*up=*/false, pdl, s);
+  if (p.scales == Fp8Scales::block128) sm90::launch_fp8b_tile(p, /*up=*/false, pdl, s);
+  else if (p.form == MxForm::tile) sm90::launch_mx_tile(p, /*up=*/false, pdl, s);
   else sm90::launch_mx_swap(p, /*up=*/false, pdl, s);
 }
 void sm90_mx_experts_launch(const MxExpertProblem& p, cudaStream_t s) {

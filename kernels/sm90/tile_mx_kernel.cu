@@ -43,23 +43,6 @@ inline constexpr int kMxTileGatherThreads = 128;
 #if EPMOE_SM90A_DEVICE
 namespace {
 
-struct MxTileItem {
-  int64_t m0;  // first row of the tile
-  int j;       // weight block
-  int e;       // expert
-  int rows;    // its real rows (the segment's prefix)
-};
-// Whole warp (ballots).
-__device__ __forceinline__ MxTileItem mx_tile_item(const MxArgs& a, int64_t w, int blocks) {
-  MxTileItem it;
-  const int64_t t = w / blocks;
-  it.j = int(w - t * blocks);
-  it.m0 = t * kBM;
-  it.e = expert_of_tile(a.padded_offsets, a.experts, it.m0);
-  it.rows = count_real_rows<kBM>(a.pair_row, it.m0);
-  return it;
-}
-
 // The weight row (in w*_scale's rows) of A-tile row i < 128. UP: box c = i / 64 of the e4m3 swap map
 // (box {128, 8, 2, 4} at 32-column block 2 j + c) lands row r + 8 p + 16 b of the box as W1 row
 // p * ffn + 32 (2 j + c) + 8 b + r of expert e.

@@ -8,7 +8,10 @@
 // L2 distance of the two outputs (the format's end-to-end error). Each point: 50 timed replays of the
 // layer's CUDA graph, each after a streaming read of 256 MB that evicts the L2 (so every replay streams
 // its weights from HBM as a decode step does), median; the first replays untimed. "mx up": the MX UP
-// kernel alone.
+// kernel alone. "b128": the same layer in FP8 block-128 (epmoe/fp8_block.h: fp32 scales per 1 x 128 /
+// 128 x 128, the block-128 tile kernels; weights fp8b::quantize_weight, x fp8b::quantize_rows), its
+// floor the same bytes as MX's (E4M3 + 1/32 of scale bytes: 4 bytes per 128 of x, 4 per 128 x 128 of w),
+// "b128~bf16" its distance to the bf16 output.
 //   epmoe_bench_mxfp8 [--shapes E,k,H,F;...] [--tokens 1,8,...] [--json FILE]
 #include <cuda_runtime.h>
 
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "epmoe/bf16.h"
+#include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
 #include "epmoe/sm90_plan.h"
 #include "kernels/cuda_check.cuh"
@@ -35,6 +39,7 @@ namespace {
 
 using epmoe::bf16;
 namespace mx = epmoe::mx;
+namespace fp8b = epmoe::fp8b;
 namespace ek = epmoe::kernels;
 
 template <class T>
@@ -60,6 +65,7 @@ struct Point {
   double mx_swap_us = 0, mx_tile_us = 0;  // both forms forced (mx_us: the heuristics' form)
   bool mx_tile = false;
   std::string auto_plan;
+  double b128_us = 0, b128_vs_bf16 = 0;  // FP8 block-128 (tile form)
 };
 
 // Median µs of `reps` replays of g, each after a streaming read of `evict` (outside the timed events:
@@ -104,6 +110,8 @@ struct Weights {
   int E, H, F;
   bf16 *w1 = nullptr, *w2 = nullptr;
   uint8_t *q1 = nullptr, *s1 = nullptr, *q2 = nullptr, *s2 = nullptr;
+  uint8_t *b1 = nullptr, *b2 = nullptr;  // FP8 block-128 elements
+  float *bs1 = nullptr, *bs2 = nullptr;  // and their 128 x 128 block scales
 };
 void to_mx(const std::vector<float>& v, int K, std::vector<uint8_t>& q, std::vector<uint8_t>& sc) {
   q.resize(v.size());
@@ -128,6 +136,11 @@ Weights make_weights(int E, int H, int F) {
     to_mx(v, K, q, sc);
     (which == 0 ? w.q1 : w.q2) = upload(q);
     (which == 0 ? w.s1 : w.s2) = upload(sc);
+    const int64_t rows = int64_t(v.size() / size_t(K));
+    std::vector<float> bs(size_t(rows / fp8b::kBlock) * (K / fp8b::kBlock));
+    fp8b::quantize_weight(v.data(), rows, K, q.data(), bs.data());
+    (which == 0 ? w.b1 : w.b2) = upload(q);
+    (which == 0 ? w.bs1 : w.bs2) = upload(bs);
   }
   return w;
 }
@@ -209,29 +222,58 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   cudaGraphExec_t g_mx_swap = capture(s, [&] { ek::sm90_mx_experts_launch(m_swap, s); });
   cudaGraphExec_t g_mx_tile = capture(s, [&] { ek::sm90_mx_experts_launch(m_tile, s); });
 
+  // FP8 block-128 path (its tile form).
+  const int64_t brb = fp8b::packed_row_bytes(H);
+  std::vector<uint8_t> bp(size_t(std::max(T, 1)) * size_t(brb), 0);
+  {
+    std::vector<uint8_t> bq(static_cast<size_t>(H));
+    std::vector<float> bsc(static_cast<size_t>(H / fp8b::kBlock));
+    for (int t = 0; t < T; ++t) {
+      fp8b::quantize_rows(&x[size_t(t) * H], 1, H, bq.data(), bsc.data());
+      std::memcpy(&bp[size_t(t) * size_t(brb)], bq.data(), size_t(H));
+      std::memcpy(&bp[size_t(t) * size_t(brb) + size_t(H)], bsc.data(), bsc.size() * 4);
+    }
+  }
+  uint8_t* b_x = upload(bp);
+  uint8_t* b_act = zeros<uint8_t>(size_t(cap) * size_t(fp8b::packed_row_bytes(F)));
+  bf16* b_out = zeros<bf16>(size_t(T) * H);
+  ek::MxExpertProblem mb = m_tile;
+  mb.scales = ek::Fp8Scales::block128;
+  mb.x = b_x, mb.act = b_act, mb.out = reinterpret_cast<__nv_bfloat16*>(b_out);
+  mb.w1 = W.b1, mb.w1_scale = reinterpret_cast<const uint8_t*>(W.bs1);
+  mb.w2 = W.b2, mb.w2_scale = reinterpret_cast<const uint8_t*>(W.bs2);
+  cudaGraphExec_t g_b128 = capture(s, [&] { ek::sm90_mx_experts_launch(mb, s); });
+
   Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, epmoe::to_string(auto_plan)};
   pt.bf16_auto_us = time_graph(g_auto, s, evict, evict_bytes, 50);
   pt.bf16_swap_us = time_graph(g_swap, s, evict, evict_bytes, 50);
   pt.mx_up_us = time_graph(g_mx_up, s, evict, evict_bytes, 50);
   pt.mx_swap_us = time_graph(g_mx_swap, s, evict, evict_bytes, 50);
   pt.mx_tile_us = time_graph(g_mx_tile, s, evict, evict_bytes, 50);
+  pt.b128_us = time_graph(g_b128, s, evict, evict_bytes, 50);
   pt.mx_us = time_graph(g_mx, s, evict, evict_bytes, 50);  // (last: m_out holds its result below)
   pt.mx_tile = tile;
   const double wbytes = 3.0 * double(H) * double(F) * touched;
   pt.floor_bf16_us = wbytes * 2 / (hbm_tbs * 1e12) * 1e6;
   pt.floor_mx_us = wbytes * (1.0 + 1.0 / 32) / (hbm_tbs * 1e12) * 1e6;
   // The two outputs (the last replays' results).
-  std::vector<bf16> yb(size_t(T) * H), ym(size_t(T) * H);
+  std::vector<bf16> yb(size_t(T) * H), ym(size_t(T) * H), yq(size_t(T) * H);
   EPMOE_CUDA_CHECK(cudaMemcpy(yb.data(), d_out, yb.size() * 2, cudaMemcpyDeviceToHost));
   EPMOE_CUDA_CHECK(cudaMemcpy(ym.data(), m_out, ym.size() * 2, cudaMemcpyDeviceToHost));
-  double num = 0, den = 0;
-  for (size_t i = 0; i < yb.size(); ++i) {
-    const double a = yb[i].f(), b = ym[i].f();
-    num += (a - b) * (a - b), den += a * a;
-  }
-  pt.mx_vs_bf16 = den > 0 ? std::sqrt(num / den) : 0;
-  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile}) cudaGraphExecDestroy(g);
-  for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out})
+  EPMOE_CUDA_CHECK(cudaMemcpy(yq.data(), b_out, yq.size() * 2, cudaMemcpyDeviceToHost));
+  auto distance = [&](const std::vector<bf16>& y) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < yb.size(); ++i) {
+      const double a = yb[i].f(), b = y[i].f();
+      num += (a - b) * (a - b), den += a * a;
+    }
+    return den > 0 ? std::sqrt(num / den) : 0;
+  };
+  pt.mx_vs_bf16 = distance(ym);
+  pt.b128_vs_bf16 = distance(yq);
+  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile, g_b128}) cudaGraphExecDestroy(g);
+  for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out, b_x,
+                                              b_act, b_out})
     cudaFree(q);
   return pt;
 }
@@ -278,9 +320,9 @@ int main(int argc, char** argv) {
   void* evict = zeros<uint8_t>(evict_bytes);
   const double hbm = epmoe::bench::hbm_read_tbs(s, {{evict, evict_bytes}});
   std::printf("# epmoe_bench_mxfp8: HBM read %.2f TB/s (256 MB streamed); µs = median of 50 graph replays, L2 evicted\n", hbm);
-  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s  %s\n", "E", "k", "H", "F", "T",
-              "bf16 auto", "bf16 swap", "mxfp8", "form", "mx swap", "mx tile", "mx up", "floor16", "floor8", "auto/mx",
-              "mx/flr8", "mx~bf16", "auto plan");
+  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s %8s %9s %9s  %s\n", "E", "k",
+              "H", "F", "T", "bf16 auto", "bf16 swap", "mxfp8", "form", "mx swap", "mx tile", "mx up", "floor16", "floor8",
+              "auto/mx", "mx/flr8", "mx~bf16", "b128", "auto/b128", "b128~bf16", "auto plan");
   std::vector<Point> pts;
   std::stringstream ss(shapes);
   std::string sh;
@@ -293,14 +335,15 @@ int main(int argc, char** argv) {
     const Weights W = make_weights(d[0], d[2], d[3]);
     for (int T : parse_ints(tokens, ',')) {
       const Point p = run_point(W, d[1], T, hbm, evict, evict_bytes, s);
-      std::printf("  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f  %s\n",
-                  p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_tile ? "tile" : "swap",
-                  p.mx_swap_us, p.mx_tile_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us, p.bf16_auto_us / p.mx_us,
-                  p.mx_us / p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str());
+      std::printf(
+          "  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f %8.1f %9.2f %9.4f  %s\n",
+          p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_tile ? "tile" : "swap", p.mx_swap_us,
+          p.mx_tile_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us, p.bf16_auto_us / p.mx_us, p.mx_us / p.floor_mx_us,
+          p.mx_vs_bf16, p.b128_us, p.bf16_auto_us / p.b128_us, p.b128_vs_bf16, p.auto_plan.c_str());
       std::fflush(stdout);
       pts.push_back(p);
     }
-    for (void* q : std::initializer_list<void*>{W.w1, W.w2, W.q1, W.s1, W.q2, W.s2}) cudaFree(q);
+    for (void* q : std::initializer_list<void*>{W.w1, W.w2, W.q1, W.s1, W.q2, W.s2, W.b1, W.b2, W.bs1, W.bs2}) cudaFree(q);
   }
   if (!json.empty()) {
     FILE* f = std::fopen(json.c_str(), "w");
@@ -315,10 +358,10 @@ int main(int argc, char** argv) {
                    "%s{\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %d, \"bf16_auto_us\": %.3f, "
                    "\"bf16_swap_us\": %.3f, \"mxfp8_us\": %.3f, \"mxfp8_up_us\": %.3f, \"floor_bf16_us\": %.3f, \"floor_mxfp8_us\": %.3f, "
                    "\"mx_vs_bf16_rel_l2\": %.5f, \"auto_plan\": \"%s\", \"mx_form\": \"%s\", \"mxfp8_swap_us\": %.3f, "
-                   "\"mxfp8_tile_us\": %.3f}",
+                   "\"mxfp8_tile_us\": %.3f, \"fp8_block_us\": %.3f, \"fp8_block_vs_bf16_rel_l2\": %.5f}",
                    i ? ", " : "", p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us,
                    p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str(), p.mx_tile ? "tile" : "swap",
-                   p.mx_swap_us, p.mx_tile_us);
+                   p.mx_swap_us, p.mx_tile_us, p.b128_us, p.b128_vs_bf16);
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

@@ -6,3 +6,5 @@ epmoe_gpu_test(test_sm90_core test_sm90_core.cu)
 epmoe_gpu_test(test_sm90_fp8_core test_sm90_fp8_core.cu)
 # The MX swap-AB pipeline (E4M3 + E8M0, requantized act) against a host reference (issue 50).
 epmoe_gpu_test(test_sm90_mx_swap test_sm90_mx_swap.cu)
+# The FP8 block-128 tile form (E4M3 + fp32 1x128 / 128x128 block scales) against a host reference (issue 50).
+epmoe_gpu_test(test_sm90_fp8b_tile test_sm90_fp8b_tile.cu)

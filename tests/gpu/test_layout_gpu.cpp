@@ -19,7 +19,9 @@
 #include "kernels/ep/expert_layout.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/ep/pack_rows.cuh"
+#include "kernels/ep/pack_rows_fp8b.cuh"
 #include "kernels/ep/pack_rows_mx.cuh"
+#include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
 #include "test_support.h"
 
@@ -366,5 +368,49 @@ TEST(PackAndReduceGpu, PackRowsMxMatchesTheHostQuantizer) {
   }
 }
 
+// An FP8 block-128 layer's pack: bit for bit the host's fp8b::quantize_packed_row (the amax / 448 scale
+// by an IEEE division, E4M3 of v / scale, zero blocks at scale 1, NaN and infinite blocks at the NaN
+// scale, the padding), on rows with a NaN, an infinity, an all-zero block, saturating and subnormal
+// values, at widths whose scale words need padding (hidden 2048: 16 words, none; 384: 3, padded to 4;
+// 7168: 56).
+TEST(PackAndReduceGpu, PackRowsFp8BlockMatchesTheHostQuantizer) {
+  REQUIRE_CUDA();
+  for (int H : {2048, 384, 7168}) {
+    SCOPED_TRACE("hidden " + std::to_string(H));
+    const int64_t T = 53, rows = 97;
+    std::vector<bf16> x = random_bf16(size_t(T) * H, mix(75, H), 1.0f);
+    for (int64_t t = 0; t < T; ++t) {
+      bf16* r = &x[size_t(t) * H];
+      if (t % 5 == 1) r[(t * 37) % H] = bf16(std::nanf(""));
+      if (t % 5 == 2) r[(t * 41) % H] = bf16(-INFINITY);
+      if (t % 5 == 3)
+        for (int c = 128; c < 256 && c < H; ++c) r[c] = bf16(0.0f);
+      if (t % 5 == 4)
+        for (int c = 0; c < H; ++c) r[c] = bf16(r[c].f() * (c % 256 < 128 ? 3.0e30f : 1.0e-38f));
+    }
+    std::vector<int32_t> token(rows);
+    for (int64_t r = 0; r < rows; ++r) token[size_t(r)] = int32_t(mix(77, r) % uint64_t(T));
+    const int64_t bytes = fp8b::packed_row_bytes(H);
+    Dev<bf16> d_x(x);
+    Dev<int32_t> d_token(token);
+    Dev<uint8_t> d_send(size_t(rows * bytes));  // (poisoned: the padding must be written too)
+    kernels::pack_rows_fp8b_launch(reinterpret_cast<const __nv_bfloat16*>(d_x.get()), H, d_token.get(), rows,
+                                   d_send.get(), nullptr);
+    ck(cudaDeviceSynchronize(), "sync");
+    const std::vector<uint8_t> got = d_send.host();
+    std::vector<uint8_t> want(static_cast<size_t>(bytes));
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      fp8b::quantize_packed_row(&x[size_t(token[size_t(r)]) * H], H, want.data());
+      for (int64_t i = 0; i < bytes; ++i)
+        if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
+          ADD_FAILURE() << "row " << r << " byte " << i << (i < H ? " (element)" : " (scale or padding)") << ": 0x"
+                        << std::hex << int(got[size_t(r * bytes + i)]) << ", want 0x" << int(want[size_t(i)]);
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 }  // namespace
 }  // namespace epmoe::test
+

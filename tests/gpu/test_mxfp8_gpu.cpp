@@ -1,6 +1,7 @@
-// The MXFP8 layer on one GPU (issue 50): MoeLayer with e4m3 weights and e8m0 scales on cuda (the sm_90
+// The FP8 layers on one GPU (issue 50): MoeLayer with e4m3 weights and e8m0 scales on cuda (the sm_90
 // MX kernels in the heuristics' form and in both forms forced with sm90_plan swap=on|off, x quantized
-// at the source by the dispatch's pack) against reference_moe_mxfp8,
+// at the source by the dispatch's pack) against reference_moe_mxfp8, and with fp32 block-128 scales
+// (the block-128 tile kernels) against reference_moe_fp8_block:
 // the fp64 reference on the dequantized operands with act requantized by the host quantizer, for
 // several routings and token counts; the dispatch's bytes; and what it refuses, on construction or as
 // a status every rank raises: a saving forward, a capturable / deterministic / cuBLAS layer, dims not
@@ -18,11 +19,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "epmoe/error.h"
+#include "epmoe/fp8_block.h"
 #include "epmoe/moe_layer.h"
 #include "epmoe/mxfp8.h"
 #include "epmoe/reference.h"
@@ -49,21 +52,32 @@ class Mxfp8Gpu : public ::testing::Test {
   static void TearDownTestSuite() { release_single_comm(); }
 };
 
-// All experts on this rank, quantized to MXFP8, on the device.
+// All experts on this rank, quantized to MXFP8 (e8m0 scales per 32) or to FP8 block-128 (fp32 scales
+// per 128 x 128; `block`), on the device. The scales are kept as their bytes.
 struct MxModel {
   MoeConfig cfg;
   ModelWeights M;
+  bool block;
   std::vector<uint8_t> w1, w1s, w2, w2s;
   std::unique_ptr<Dev<uint8_t>> d_w1, d_w1s, d_w2, d_w2s;
-  MxModel(int E, int k, int H, int F, uint64_t seed)
+  MxModel(int E, int k, int H, int F, uint64_t seed, bool block_128 = false)
       : cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = 1, .rank = 0},
         M(make_weights(E, H, F, seed)),
+        block(block_128),
         w1(M.w1.size()),
-        w1s(M.w1.size() / 32),
-        w2(M.w2.size()),
-        w2s(M.w2.size() / 32) {
-    mx::quantize_rows(M.w1.data(), int64_t(E) * 2 * F, H, w1.data(), w1s.data());
-    mx::quantize_rows(M.w2.data(), int64_t(E) * H, F, w2.data(), w2s.data());
+        w2(M.w2.size()) {
+    if (block) {
+      std::vector<float> s1(M.w1.size() / (128 * 128)), s2(M.w2.size() / (128 * 128));
+      fp8b::quantize_weight(M.w1.data(), int64_t(E) * 2 * F, H, w1.data(), s1.data());
+      fp8b::quantize_weight(M.w2.data(), int64_t(E) * H, F, w2.data(), s2.data());
+      w1s.resize(s1.size() * 4), w2s.resize(s2.size() * 4);
+      std::memcpy(w1s.data(), s1.data(), w1s.size());
+      std::memcpy(w2s.data(), s2.data(), w2s.size());
+    } else {
+      w1s.resize(M.w1.size() / 32), w2s.resize(M.w2.size() / 32);
+      mx::quantize_rows(M.w1.data(), int64_t(E) * 2 * F, H, w1.data(), w1s.data());
+      mx::quantize_rows(M.w2.data(), int64_t(E) * H, F, w2.data(), w2s.data());
+    }
     d_w1 = std::make_unique<Dev<uint8_t>>(w1);
     d_w1s = std::make_unique<Dev<uint8_t>>(w1s);
     d_w2 = std::make_unique<Dev<uint8_t>>(w2);
@@ -76,8 +90,21 @@ struct MxModel {
     auto view = [&](const std::unique_ptr<Dev<uint8_t>>& d, DType t, int64_t a, int64_t b, int64_t c) {
       return TensorView::contiguous(d->get(), t, {a, b, c}, DeviceType::cuda, dev);
     };
+    if (block)
+      return {view(d_w1, DType::e4m3, E, 2 * F, H), view(d_w2, DType::e4m3, E, H, F),
+              view(d_w1s, DType::f32, E, 2 * F / 128, H / 128), view(d_w2s, DType::f32, E, H / 128, F / 128)};
     return {view(d_w1, DType::e4m3, E, 2 * F, H), view(d_w2, DType::e4m3, E, H, F),
             view(d_w1s, DType::e8m0, E, 2 * F, H / 32), view(d_w2s, DType::e8m0, E, H, F / 32)};
+  }
+  void reference(const std::vector<bf16>& x, const Routing& R, int64_t T, float* ref) const {
+    const int E = cfg.num_experts, k = cfg.top_k, H = cfg.hidden, F = cfg.ffn;
+    if (block)
+      reference_moe_fp8_block(x.data(), R.ids.data(), R.weights.data(), T, k, w1.data(),
+                              reinterpret_cast<const float*>(w1s.data()), w2.data(),
+                              reinterpret_cast<const float*>(w2s.data()), E, H, F, ref);
+    else
+      reference_moe_mxfp8(x.data(), R.ids.data(), R.weights.data(), T, k, w1.data(), w1s.data(), w2.data(), w2s.data(),
+                          E, H, F, ref);
   }
 };
 
@@ -98,18 +125,20 @@ struct Views {
   }
 };
 
-void run_case(int E, int k, int H, int F, int64_t T, RoutingKind kind) {
-  SCOPED_TRACE("E=" + std::to_string(E) + " k=" + std::to_string(k) + " " + std::to_string(H) + "/" +
-               std::to_string(F) + " T=" + std::to_string(T) + " " + routing_name(kind));
-  const MxModel m(E, k, H, F, mix(E, H, F, 50));
+void run_case(int E, int k, int H, int F, int64_t T, RoutingKind kind, bool block = false) {
+  SCOPED_TRACE(std::string(block ? "FP8 block-128" : "MXFP8") + " E=" + std::to_string(E) + " k=" + std::to_string(k) +
+               " " + std::to_string(H) + "/" + std::to_string(F) + " T=" + std::to_string(T) + " " + routing_name(kind));
+  const MxModel m(E, k, H, F, mix(E, H, F, 50), block);
   const std::vector<bf16> x = make_x(mix(51, T), 0, T, H);
   const Routing R = make_routing(T, E, k, kind, mix(52, T, E), 0, 1);
   std::vector<float> ref(size_t(T) * H);
-  reference_moe_mxfp8(x.data(), R.ids.data(), R.weights.data(), T, k, m.w1.data(), m.w1s.data(), m.w2.data(),
-                      m.w2s.data(), E, H, F, ref.data());
+  m.reference(x, R, T, ref.data());
   cudaStream_t s;
   ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  for (const char* form : {"", "swap=on", "swap=off"}) {  // the heuristics' form, swap-AB, the tile form
+  // The heuristics' form, swap-AB, the tile form (block-128: its one form, also asked for).
+  const std::vector<const char*> forms = block ? std::vector<const char*>{"", "swap=off"}
+                                               : std::vector<const char*>{"", "swap=on", "swap=off"};
+  for (const char* form : forms) {
     LayerOptions opt;
     opt.sm90_plan = parse_sm90_plan_override(form);
     MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
@@ -123,7 +152,8 @@ void run_case(int E, int k, int H, int F, int64_t T, RoutingKind kind) {
       EXPECT_TRUE(close_to_reference(y.data(), ref.data(), T, H, kMxGpuTolerance)) << "form '" << form << "' call " << rep;
     }
     const ForwardStats& st = layer.last_stats();
-    EXPECT_EQ(st.dispatch_bytes, st.send_rows[0] * (mx::packed_row_bytes(H) + 4 * (1 + 2 * k)));
+    const int64_t row_bytes = block ? fp8b::packed_row_bytes(H) : mx::packed_row_bytes(H);
+    EXPECT_EQ(st.dispatch_bytes, st.send_rows[0] * (row_bytes + 4 * (1 + 2 * k)));
   }
   ck(cudaStreamDestroy(s), "stream destroy");
 }
@@ -138,6 +168,37 @@ TEST_F(Mxfp8Gpu, RoutingsAtAFewHundredTokens) {
   for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert, RoutingKind::with_drops,
                            RoutingKind::all_dropped})
     run_case(16, 4, 1024, 256, 300, kind);
+}
+
+TEST_F(Mxfp8Gpu, Fp8BlockDecodeSizes) {
+  run_case(32, 4, 2048, 1024, 1, RoutingKind::uniform, true);
+  run_case(32, 4, 2048, 1024, 8, RoutingKind::uniform, true);
+  run_case(16, 2, 1024, 512, 0, RoutingKind::uniform, true);
+}
+
+TEST_F(Mxfp8Gpu, Fp8BlockRoutingsAtAFewHundredTokens) {
+  for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert, RoutingKind::with_drops,
+                           RoutingKind::all_dropped})
+    run_case(16, 4, 1024, 256, 300, kind, true);
+}
+
+// A block-128 layer has one form (swap=on is refused at construction), and bind_weights keeps a
+// layer's format (MXFP8 into a block-128 layer and back: invalid_argument).
+TEST_F(Mxfp8Gpu, Fp8BlockRefusesTheSwapFormAndOtherFormats) {
+  const MxModel b(8, 2, 256, 128, 11, true), x(8, 2, 256, 128, 11, false);
+  LayerOptions opt;
+  opt.sm90_plan = parse_sm90_plan_override("swap=on");
+  try {
+    MoeLayer layer(b.cfg, b.weights(), single_comm(), opt);
+    ADD_FAILURE() << "swap=on was taken by a block-128 layer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+  }
+  MoeLayer blk(b.cfg, b.weights(), single_comm());
+  MoeLayer mxl(x.cfg, x.weights(), single_comm());
+  EXPECT_THROW(blk.bind_weights(x.weights()), Error);
+  EXPECT_THROW(mxl.bind_weights(b.weights()), Error);
+  EXPECT_NO_THROW(blk.bind_weights(b.weights()));
 }
 
 TEST_F(Mxfp8Gpu, RefusesWhatItDoesNotRun) {
