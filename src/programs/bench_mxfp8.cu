@@ -65,7 +65,7 @@ struct Point {
   double mx_swap_us = 0, mx_tile_us = 0;  // both forms forced (mx_us: the heuristics' form)
   bool mx_tile = false;
   std::string auto_plan;
-  double b128_us = 0, b128_vs_bf16 = 0;  // FP8 block-128 (tile form)
+  double b128_us = 0, b128_up_us = 0, b128_vs_bf16 = 0;  // FP8 block-128 (tile form), and its UP alone
 };
 
 // Median µs of `reps` replays of g, each after a streaming read of `evict` (outside the timed events:
@@ -243,6 +243,7 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   mb.w1 = W.b1, mb.w1_scale = reinterpret_cast<const uint8_t*>(W.bs1);
   mb.w2 = W.b2, mb.w2_scale = reinterpret_cast<const uint8_t*>(W.bs2);
   cudaGraphExec_t g_b128 = capture(s, [&] { ek::sm90_mx_experts_launch(mb, s); });
+  cudaGraphExec_t g_b128_up = capture(s, [&] { ek::sm90_mx_up_launch(mb, s); });
 
   Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, epmoe::to_string(auto_plan)};
   pt.bf16_auto_us = time_graph(g_auto, s, evict, evict_bytes, 50);
@@ -250,6 +251,7 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   pt.mx_up_us = time_graph(g_mx_up, s, evict, evict_bytes, 50);
   pt.mx_swap_us = time_graph(g_mx_swap, s, evict, evict_bytes, 50);
   pt.mx_tile_us = time_graph(g_mx_tile, s, evict, evict_bytes, 50);
+  pt.b128_up_us = time_graph(g_b128_up, s, evict, evict_bytes, 50);
   pt.b128_us = time_graph(g_b128, s, evict, evict_bytes, 50);
   pt.mx_us = time_graph(g_mx, s, evict, evict_bytes, 50);  // (last: m_out holds its result below)
   pt.mx_tile = tile;
@@ -271,7 +273,7 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   };
   pt.mx_vs_bf16 = distance(ym);
   pt.b128_vs_bf16 = distance(yq);
-  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile, g_b128}) cudaGraphExecDestroy(g);
+  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile, g_b128, g_b128_up}) cudaGraphExecDestroy(g);
   for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out, b_x,
                                               b_act, b_out})
     cudaFree(q);
@@ -320,9 +322,9 @@ int main(int argc, char** argv) {
   void* evict = zeros<uint8_t>(evict_bytes);
   const double hbm = epmoe::bench::hbm_read_tbs(s, {{evict, evict_bytes}});
   std::printf("# epmoe_bench_mxfp8: HBM read %.2f TB/s (256 MB streamed); µs = median of 50 graph replays, L2 evicted\n", hbm);
-  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s %8s %9s %9s  %s\n", "E", "k",
+  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s %8s %9s %9s %8s  %s\n", "E", "k",
               "H", "F", "T", "bf16 auto", "bf16 swap", "mxfp8", "form", "mx swap", "mx tile", "mx up", "floor16", "floor8",
-              "auto/mx", "mx/flr8", "mx~bf16", "b128", "auto/b128", "b128~bf16", "auto plan");
+              "auto/mx", "mx/flr8", "mx~bf16", "b128", "auto/b128", "b128~bf16", "b128 up", "auto plan");
   std::vector<Point> pts;
   std::stringstream ss(shapes);
   std::string sh;
@@ -336,10 +338,10 @@ int main(int argc, char** argv) {
     for (int T : parse_ints(tokens, ',')) {
       const Point p = run_point(W, d[1], T, hbm, evict, evict_bytes, s);
       std::printf(
-          "  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f %8.1f %9.2f %9.4f  %s\n",
+          "  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f %8.1f %9.2f %9.4f %8.1f  %s\n",
           p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_tile ? "tile" : "swap", p.mx_swap_us,
           p.mx_tile_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us, p.bf16_auto_us / p.mx_us, p.mx_us / p.floor_mx_us,
-          p.mx_vs_bf16, p.b128_us, p.bf16_auto_us / p.b128_us, p.b128_vs_bf16, p.auto_plan.c_str());
+          p.mx_vs_bf16, p.b128_us, p.bf16_auto_us / p.b128_us, p.b128_vs_bf16, p.b128_up_us, p.auto_plan.c_str());
       std::fflush(stdout);
       pts.push_back(p);
     }
@@ -358,10 +360,10 @@ int main(int argc, char** argv) {
                    "%s{\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %d, \"bf16_auto_us\": %.3f, "
                    "\"bf16_swap_us\": %.3f, \"mxfp8_us\": %.3f, \"mxfp8_up_us\": %.3f, \"floor_bf16_us\": %.3f, \"floor_mxfp8_us\": %.3f, "
                    "\"mx_vs_bf16_rel_l2\": %.5f, \"auto_plan\": \"%s\", \"mx_form\": \"%s\", \"mxfp8_swap_us\": %.3f, "
-                   "\"mxfp8_tile_us\": %.3f, \"fp8_block_us\": %.3f, \"fp8_block_vs_bf16_rel_l2\": %.5f}",
+                   "\"mxfp8_tile_us\": %.3f, \"fp8_block_us\": %.3f, \"fp8_block_vs_bf16_rel_l2\": %.5f, \"fp8_block_up_us\": %.3f}",
                    i ? ", " : "", p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us,
                    p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str(), p.mx_tile ? "tile" : "swap",
-                   p.mx_swap_us, p.mx_tile_us, p.b128_us, p.b128_vs_bf16);
+                   p.mx_swap_us, p.mx_tile_us, p.b128_us, p.b128_vs_bf16, p.b128_up_us);
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);
