@@ -110,17 +110,13 @@ inline constexpr size_t kMxTileSmemBytes =
 // The FP8 block-128 tile form (tile_fp8b_kernel.cu): the MX tile form's stages (128 weight rows and
 // 128 tokens x 128 K bytes) with one fp32 scale per token row and the weight block's (UP: gate and up)
 // per stage. An UP item is 128 act columns (one act scale block) in two halves of 64, staged in fp32
-// [128 tokens][128 columns] until the second half lands, which leaves room for 4 stages; DOWN stages
-// bf16 [128][128] and takes 5.
+// [128 tokens][128 columns] until the second half lands; 4 stages leave room for that staging.
+inline constexpr int kFp8bTileStages = 4;
 inline constexpr uint32_t kFp8bScaleStageBytes = (kBM + 4) * 4;  // token scales, then 2 weight scales (+ pad)
 inline constexpr int kFp8bUpStride = 128 + 4;                    // UP staging row (floats)
-inline constexpr int fp8b_tile_stages(bool up) { return up ? 4 : 5; }
-inline constexpr uint32_t fp8b_staging_bytes(bool up) {
-  return up ? kBM * kFp8bUpStride * 4 : kBM * kMxTileDownStride * 2;
-}
-inline constexpr size_t fp8b_tile_smem_bytes(bool up) {
-  return 1024 + size_t(fp8b_tile_stages(up)) * (kMxTileStageBytes + kFp8bScaleStageBytes) + fp8b_staging_bytes(up);
-}
+inline constexpr uint32_t kFp8bStagingBytes = kBM * kFp8bUpStride * 4;  // (DOWN's bf16 rows fit in it)
+inline constexpr size_t kFp8bTileSmemBytes =
+    1024 + size_t(kFp8bTileStages) * (kMxTileStageBytes + kFp8bScaleStageBytes) + kFp8bStagingBytes;
 // N of a half tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
 inline constexpr int swap_ab_n(int rows) { return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 
@@ -157,9 +153,8 @@ static_assert(kFusedSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the fus
 static_assert(kMxSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX swap-AB ring exceeds shared memory");
 static_assert(kMxSwapStageBytes % 1024 == 0 && kMxSwapATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
 static_assert(kMxTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX tile ring exceeds shared memory");
-static_assert(fp8b_tile_smem_bytes(true) <= kMaxDynSmemBytes - kStaticSmemReserve &&
-                  fp8b_tile_smem_bytes(false) <= kMaxDynSmemBytes - kStaticSmemReserve,
-              "the FP8 block-128 rings exceed shared memory");
+static_assert(kFp8bTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the FP8 block-128 ring exceeds shared memory");
+static_assert(kBM * kMxTileDownStride * 2 <= kFp8bStagingBytes, "the block-128 DOWN staging must fit");
 static_assert(kMxTileStageBytes % 1024 == 0 && kMxTileATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
 static_assert(kFusedDownBoxBytes <= kSwapStageBytes, "a fused DOWN stage's W2 box must fit a stage");
 static_assert(kSwapStageBytes % 1024 == 0 && kSwapATileBytes % 1024 == 0, "swap-AB tiles must keep 1024 B alignment");

@@ -46,7 +46,6 @@ namespace epmoe::kernels::sm90 {
 inline constexpr uint32_t kFp8bProducerRegs = 104, kFp8bConsumerRegs = 200;
 inline constexpr int kFp8bGatherThreads = 128;
 inline constexpr uint32_t kFp8bWeightScaleOff = kBM * 4;  // in a scale slot, after the token scales
-inline constexpr uint32_t kFp8bTurn0 = 2, kFp8bTurn1 = 3;  // named barriers: warpgroup 0 / 1 has issued its turn
 
 #if EPMOE_SM90A_DEVICE
 namespace {
@@ -63,14 +62,13 @@ template <bool kUp>
 __global__ void __launch_bounds__(kThreads, 1)
     sm90_fp8b_tile_kernel(const __grid_constant__ CUtensorMap tm_w, const MxArgs a) {
 #if EPMOE_SM90A_DEVICE
-  constexpr int kStages = fp8b_tile_stages(kUp);
-  __shared__ __align__(8) uint64_t bars[2 * kStages];  // full[0..S), empty[0..S)
+  __shared__ __align__(8) uint64_t bars[2 * kFp8bTileStages];  // full[0..S), empty[0..S)
   extern __shared__ uint8_t dyn_smem[];
   uint8_t* ring_mem = align_1024(dyn_smem);
   const uint32_t ring_base = smem_u32(ring_mem);  // S x (A: 128 weight rows x 128 B, B: 128 token rows x 128 B)
-  const uint32_t sc_base = ring_base + kStages * kMxTileStageBytes;  // S x scale slots
-  const uint32_t stg = sc_base + kStages * kFp8bScaleStageBytes;
-  const Ring<kStages> ring{smem_u32(&bars[0]), smem_u32(&bars[kStages])};
+  const uint32_t sc_base = ring_base + kFp8bTileStages * kMxTileStageBytes;  // S x scale slots
+  const uint32_t stg = sc_base + kFp8bTileStages * kFp8bScaleStageBytes;
+  const Ring<kFp8bTileStages> ring{smem_u32(&bars[0]), smem_u32(&bars[kFp8bTileStages])};
 
   constexpr int kHalves = kUp ? 2 : 1;
   const int64_t tiles = a.padded_offsets[a.experts] / kBM;
@@ -103,7 +101,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int src_row16 = int(a.src_row_bytes / 2);
         if (t == 0) tma_prefetch_desc(&tm_w);
         grid_dependency_wait();  // x / act come from the previous kernel (no-op unless PDL-launched)
-        RingCursor<kStages> cur;
+        RingCursor<kFp8bTileStages> cur;
         for (int64_t w = first; w < items; w += stride) {
           const MxTileItem it = mx_tile_item(a, w, blocks);
           const int rows = it.rows;
@@ -148,8 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int u = int(threadIdx.x) - 128;  // 0..255: the epilogues' copy-out thread
         const uint32_t d0 = pin_u32(smem_desc_sw128_lo(ring_base));
         grid_dependency_wait();  // DOWN reduces into out, which UP zeroed
-        RingCursor<kStages> cur;
-        bool issued = false;  // (warpgroup 0: whether warpgroup 1 owes it a handoff)
+        RingCursor<kFp8bTileStages> cur;
         for (int64_t w = first; w < items; w += stride) {
           const MxTileItem it = mx_tile_item(a, w, blocks);
           const int rows = it.rows;
@@ -163,19 +160,12 @@ __global__ void __launch_bounds__(kThreads, 1)
               fence_proxy_async_shared();  // B came by cp.async (generic proxy); wgmma reads through the async one
               const uint32_t da = d0 + ((s * kMxTileStageBytes + uint32_t(c) * (kMxTileATileBytes / 2)) >> 4);
               const uint32_t db = d0 + ((s * kMxTileStageBytes + kMxTileATileBytes) >> 4);
-              // Ping-pong: the warpgroups issue a stage's wgmmas in turn (0, 1, 0, 1, ...), so that one's
-              // promotion runs under the other's wgmmas instead of both promoting at once.
-              if (c == 0 && issued) named_barrier_sync(kFp8bTurn1, kConsumerThreads);
-              if (c == 1) named_barrier_sync(kFp8bTurn0, kConsumerThreads);
               wgmma_fence();  // (part was read by the previous promotion)
 #pragma unroll
               for (int q = 0; q < kMxBK / 32; ++q)
                 WgmmaE4m3N128::mma(part, smem_desc_sw128_join(da + kKMajorK16Step * q),
                                    smem_desc_sw128_join(db + kKMajorK16Step * q), /*scale_d=*/q > 0 ? 1 : 0);
               wgmma_commit();
-              if (c == 0) named_barrier_arrive(kFp8bTurn0, kConsumerThreads);
-              else named_barrier_arrive(kFp8bTurn1, kConsumerThreads);
-              issued = true;
               // The scales, while the wgmmas run: token columns 8 g + 2 (lane % 4) + b, weight rows h.
               const uint32_t sc = sc_base + s * kFp8bScaleStageBytes;
               float xs[32];
@@ -270,7 +260,6 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
-        if (c == 0 && issued) named_barrier_sync(kFp8bTurn1, kConsumerThreads);  // (warpgroup 1's last handoff)
       });
 #else
   (void)tm_w;
@@ -286,7 +275,7 @@ void launch_fp8b_tile(const MxExpertProblem& p, bool up, bool pdl, cudaStream_t 
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   const int64_t items = tiles * ((up ? p.ffn : p.hidden) / fp8b::kBlock);
   sm90_launch(up ? sm90_fp8b_tile_kernel<true> : sm90_fp8b_tile_kernel<false>, /*cluster=*/false, pdl, items,
-              fp8b_tile_smem_bytes(up), s, up ? "sm90_fp8b_tile_up" : "sm90_fp8b_tile_down", tm, a);
+              kFp8bTileSmemBytes, s, up ? "sm90_fp8b_tile_up" : "sm90_fp8b_tile_down", tm, a);
 }
 
 }  // namespace epmoe::kernels::sm90

@@ -299,11 +299,6 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   __syncwarp();
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// Arrive on a named barrier without waiting (the producer side of a bar.sync handoff).
-__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
-  __syncwarp();
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 // The same barrier for warps that reach it from different instructions (barrier.sync without
 // .aligned): consume_item's half-item barrier, which the idle warpgroup meets on its early path and
 // the working one after its k loop (compute-sanitizer synccheck reports the .aligned form there as
