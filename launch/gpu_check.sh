@@ -266,9 +266,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_dgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_dgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap* / *sm90_mx_tile* / *sm90_fp8b_tile*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_dgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_dgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap|sm90_mx_tile|sm90_fp8b_tile/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /[HQ]GMMA/) h[name]++
@@ -337,6 +337,8 @@ stage_sanitizer() {
   # the MX swap-AB kernels (UP with the act requantization, DOWN): one and two k stages, N 8 and 64
   sanitize_one test_sm90_mx_swap '*SmallestShape*:*SixtyFiveRows*' $(( left / 10 )) memcheck,racecheck || rc=1
   sanitize_one test_sm90_mx_swap '*SmallestShape*' $(( left / 20 )) initcheck,synccheck || rc=1
+  sanitize_one test_sm90_fp8b_tile '*SmallestShape*:*TileAndOneRow*' $(( left / 10 )) memcheck,racecheck || rc=1
+  sanitize_one test_sm90_fp8b_tile '*SmallestShape*' $(( left / 20 )) initcheck,synccheck || rc=1
   # the backward's kernels: the sm_90 wgrad kernel (h/f 256 cases), the SwiGLU backward, the row-pair
   # map and reduce, the weight-gradient scatter; T = 0 / 1 and nothing routed
   sanitize_one test_backward_gpu '*h256_f256_w1_uniform_sm90*:*T1:*T0:*all_dropped*' $(( left / 5 )) \

@@ -110,11 +110,15 @@ inline constexpr size_t kMxTileSmemBytes =
 // The FP8 block-128 tile form (tile_fp8b_kernel.cu): the MX tile form's stages (128 weight rows and
 // 128 tokens x 128 K bytes) with one fp32 scale per token row and the weight block's (UP: gate and up)
 // per stage. An UP item is 128 act columns (one act scale block) in two halves of 64, staged in fp32
-// [128 tokens][128 columns] until the second half lands; 4 stages leave room for that staging.
+// [128 tokens][128 columns] until the second half lands; DOWN stages bf16 [128][128] in two buffers
+// (the bulk reductions of one item read it while the next item's are written); 4 stages leave room.
 inline constexpr int kFp8bTileStages = 4;
 inline constexpr uint32_t kFp8bScaleStageBytes = (kBM + 4) * 4;  // token scales, then 2 weight scales (+ pad)
 inline constexpr int kFp8bUpStride = 128 + 4;                    // UP staging row (floats)
-inline constexpr uint32_t kFp8bStagingBytes = kBM * kFp8bUpStride * 4;  // (DOWN's bf16 rows fit in it)
+inline constexpr uint32_t kFp8bDownStagingBytes = kBM * kMxTileDownStride * 2;  // one DOWN buffer (of two)
+inline constexpr uint32_t kFp8bStagingBytes = kBM * kFp8bUpStride * 4 > 2 * kFp8bDownStagingBytes
+                                                  ? kBM * kFp8bUpStride * 4
+                                                  : 2 * kFp8bDownStagingBytes;
 inline constexpr size_t kFp8bTileSmemBytes =
     1024 + size_t(kFp8bTileStages) * (kMxTileStageBytes + kFp8bScaleStageBytes) + kFp8bStagingBytes;
 // N of a half tile with `rows` real rows: the narrowest wgmma N the kernel instantiates that holds them.
@@ -154,7 +158,8 @@ static_assert(kMxSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX
 static_assert(kMxSwapStageBytes % 1024 == 0 && kMxSwapATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
 static_assert(kMxTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX tile ring exceeds shared memory");
 static_assert(kFp8bTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the FP8 block-128 ring exceeds shared memory");
-static_assert(kBM * kMxTileDownStride * 2 <= kFp8bStagingBytes, "the block-128 DOWN staging must fit");
+static_assert(kFp8bDownStagingBytes % 16 == 0 && (kMxTileDownStride * 2) % 16 == 0,
+              "the block-128 DOWN's bulk reductions read 16-byte aligned staging rows");
 static_assert(kMxTileStageBytes % 1024 == 0 && kMxTileATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
 static_assert(kFusedDownBoxBytes <= kSwapStageBytes, "a fused DOWN stage's W2 box must fit a stage");
 static_assert(kSwapStageBytes % 1024 == 0 && kSwapATileBytes % 1024 == 0, "swap-AB tiles must keep 1024 B alignment");

@@ -25,8 +25,10 @@
 // (half h at columns [64 h, +64)); once the second half is in, thread u < 256 takes token u / 2's
 // columns [64 (u % 2), +64), the pair of threads of a token share their amax by a shuffle, and each
 // quantizes its 64 values (kernels/fp8b_device.cuh: the host quantizer's rule) into the token's packed
-// act row. DOWN stages the weighted bf16 rows and reduces them into out[pair_row] (16-byte
-// red.global.add), as the MX tile DOWN.
+// act row. DOWN stages the weighted bf16 rows in one of two buffers and thread r < rows hands its
+// row's 128 columns to one bulk reduction into out[pair_row[r]] (cp.reduce.async.bulk .add.bf16: the
+// copy engine adds while the consumers start the next item; a buffer is rewritten once its
+// reductions of two items ago have read it).
 #include "epmoe/fp8_block.h"
 #include "kernels/fp8b_device.cuh"
 #include "kernels/sm90/core/gather.cuh"
@@ -147,9 +149,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint32_t d0 = pin_u32(smem_desc_sw128_lo(ring_base));
         grid_dependency_wait();  // DOWN reduces into out, which UP zeroed
         RingCursor<kFp8bTileStages> cur;
-        for (int64_t w = first; w < items; w += stride) {
+        uint32_t n_item = 0;  // (DOWN: the staging buffer of this item, n_item % 2)
+        for (int64_t w = first; w < items; w += stride, ++n_item) {
           const MxTileItem it = mx_tile_item(a, w, blocks);
           const int rows = it.rows;
+          const uint32_t dstg = stg + (n_item & 1u) * kFp8bDownStagingBytes;  // DOWN's buffer
           for (int hf = 0; hf < kHalves; ++hf) {
             float acc[64], part[64];
 #pragma unroll
@@ -198,7 +202,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                   st_shared_f32(stg + uint32_t(t * kFp8bUpStride + col) * 4u, silu_tanh(acc[4 * g + b]) * acc[4 * g + 2 + b]);
                 }
             } else {
-              named_barrier_sync(1, kConsumerThreads);  // the previous item's copy-out has read the staging rows
+              // This buffer's bulk reductions (two items ago) have read it: the issuing threads wait,
+              // the barrier tells the others.
+              if (u < kBM) bulk_wait_read_one();
+              named_barrier_sync(1, kConsumerThreads);
 #pragma unroll
               for (int g = 0; g < 16; ++g)
 #pragma unroll
@@ -208,9 +215,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
                   for (int h = 0; h < 2; ++h) {
                     const int f = 64 * c + 16 * wl + (lane >> 2) + 8 * h;
-                    st_shared_bf16(stg + uint32_t(t * kMxTileDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
+                    st_shared_bf16(dstg + uint32_t(t * kMxTileDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
                   }
                 }
+              fence_proxy_async_shared();  // the bulk reductions read these rows through the async proxy
             }
           }
 
@@ -250,16 +258,18 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (part_half == 0) reinterpret_cast<float*>(dst + a.ffn)[it.j] = scale;
             }
           } else {
-            for (int q = u; q < rows * 16; q += kConsumerThreads) {
-              const int r = q >> 4, piece = q & 15;
-              const int32_t pr = a.pair_row[it.m0 + r];
-              if (pr < 0 || int64_t(pr) >= a.out_rows) continue;
-              uint32_t v[4];
-              ld_shared_16(stg + uint32_t(r * kMxTileDownStride + 8 * piece) * 2u, v);
-              red_add_bf16x8(a.out + int64_t(pr) * a.hidden + int64_t(kMxTileWeightRows) * it.j + 8 * piece, v);
+            // Thread u < rows: its token row's 128 columns reduced into out by one bulk reduction (the
+            // copy engine's, while the consumers go on to the next item).
+            if (u < rows) {
+              const int32_t pr = a.pair_row[it.m0 + u];
+              if (pr >= 0 && int64_t(pr) < a.out_rows)
+                bulk_reduce_add_bf16(a.out + int64_t(pr) * a.hidden + int64_t(kMxTileWeightRows) * it.j,
+                                     dstg + uint32_t(u * kMxTileDownStride) * 2u, kMxTileWeightRows * 2);
             }
+            if (u < kBM) bulk_commit();
           }
         }
+        if (!kUp && u < kBM) bulk_wait_all();  // the staging rows stay until read, out until written
       });
 #else
   (void)tm_w;

@@ -290,6 +290,16 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t dst, uint32_t src, ui
 }
 // The source shared memory of all committed bulk stores may be rewritten.
 __device__ __forceinline__ void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// At most one committed bulk group (the latest) may still be reading its shared-memory source.
+__device__ __forceinline__ void bulk_wait_read_one() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
+// Bulk reduction out[0, bytes) += src[0, bytes) as bf16 (element by element, as red.global.add.bf16;
+// subnormals kept): src a 16-byte aligned shared::cta address, bytes a multiple of 16, out 16-byte
+// aligned; completes in the thread's current bulk group.
+__device__ __forceinline__ void bulk_reduce_add_bf16(void* out, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [%0], [%1], %2;"
+               ::"l"(reinterpret_cast<uint64_t>(out)), "r"(src), "r"(bytes)
+               : "memory");
+}
 // All committed bulk stores have completed (their global writes done).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Barrier among `threads` threads of the CTA on named barrier `id` (1..15; 0 is __syncthreads).
