@@ -414,6 +414,7 @@ stage_bench_mxfp8() {
   [[ -f $LOGS/bench_mxfp8.json && -f $LOGS/baseline_fp8.json ]] &&
     python3 launch/compare_fp8.py "$LOGS/bench_mxfp8.json" "$LOGS/baseline_fp8.json"
   KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | head -1 | awk '{printf "T=1: mxfp8 %s us (%s), bf16 auto %s us, mx floor %s us", $8, $9, $6, $14}')
+  KEY_FIG+=$(grep -E '^ +32 +4 +2048 +1024 +16384 ' "$CUR_LOG" | head -1 | awk '{printf "; T=16384: block-128 %s us = %sx bf16", $18, $19}')
   KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
   return $rc
 }
