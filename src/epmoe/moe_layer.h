@@ -24,12 +24,13 @@
 namespace epmoe {
 
 // bf16, MXFP8 (epmoe/mxfp8.h: w1 and w2 e4m3 with their e8m0 block scales along K), or FP8
-// block-128 (epmoe/fp8_block.h: e4m3 with fp32 scales per 128 x 128 block; the CPU engine only, for
-// now). An FP8 layer quantizes x on the fly and requantizes the activation before DOWN, in its
-// format; it is forward-only (a saving forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 MX kernels,
-// swap-AB or tile form by the heuristics tier (hidden and ffn multiples of 128; no capturable
-// forward or deterministic mode; of an sm90_plan override only swap=on|off, the form);
-// forward_mxfp8 (x given in the format) is the CPU engine's only, for now.
+// block-128 (epmoe/fp8_block.h: e4m3 with fp32 scales per 128 x 128 block). An FP8 layer quantizes x
+// on the fly and requantizes the activation before DOWN, in its format; it is forward-only (a saving
+// forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 FP8 kernels: MXFP8 in
+// the swap-AB or tile form by the heuristics tier, block-128 in its tile form (hidden and ffn
+// multiples of 128; no capturable forward or deterministic mode; of an sm90_plan override only
+// swap=on|off, the form, and block-128 refuses swap=on); forward_mxfp8 (x given in the format) is
+// the CPU engine's only, for now.
 struct ExpertWeights {
   TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
   TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]
