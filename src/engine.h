@@ -41,11 +41,11 @@ class MoeLayer::Engine {
     EPMOE_FAIL(ErrorCode::unsupported, "backward_capturable needs the GPU engine (cuda weights)");
   }
   virtual void check_capturable(void* stream) { (void)stream; }
-  // MoeLayer::forward_mxfp8 (the CPU engine's; the GPU engine's FP8 layers take bf16 x only, yet).
+  // MoeLayer::forward_mxfp8 (an MXFP8 layer's, on either engine).
   virtual void forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& topk_ids,
                              const TensorView& topk_weights, const TensorView& y, void* stream) {
     (void)x, (void)x_scale, (void)topk_ids, (void)topk_weights, (void)y, (void)stream;
-    EPMOE_FAIL(ErrorCode::unsupported, "forward_mxfp8 needs an MXFP8 layer on the CPU engine (the GPU engine quantizes bf16 x itself, for now)");
+    EPMOE_FAIL(ErrorCode::unsupported, "forward_mxfp8 needs an MXFP8 layer");
   }
   MoeConfig cfg;
   ForwardStats stats;

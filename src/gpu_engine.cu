@@ -235,6 +235,16 @@ GpuDispatchView GpuEngine::dispatch_view() const {
 
 void GpuEngine::forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
                         void* stream, MoeForwardContext* save) {
+  forward_impl(x, nullptr, ids, wts, y, stream, save);
+}
+
+void GpuEngine::forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& ids,
+                              const TensorView& wts, const TensorView& y, void* stream) {
+  forward_impl(x, &x_scale, ids, wts, y, stream, nullptr);
+}
+
+void GpuEngine::forward_impl(const TensorView& x, const TensorView* x_scale, const TensorView& ids,
+                             const TensorView& wts, const TensorView& y, void* stream, MoeForwardContext* save) {
   DeviceGuard guard(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // After the previous forward or backward (whatever stream it ran on): the buffers are shared.
@@ -249,7 +259,7 @@ void GpuEngine::forward(const TensorView& x, const TensorView& ids, const Tensor
     EPMOE_CUDA_CHECK(cudaEventCreateWithFlags(&saved->last_use, cudaEventDisableTiming));
   }
   try {
-    run(x, ids, wts, y, s, saved.get());
+    run(x, ids, wts, y, s, saved.get(), x_scale);
   } catch (...) {
     // Work of this forward may still be queued (on `s`, and the zeroing on the side stream): the
     // end event must cover it, or the next forward could free memory it still uses (and so must
@@ -266,13 +276,14 @@ void GpuEngine::forward(const TensorView& x, const TensorView& ids, const Tensor
 }
 
 void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                    cudaStream_t s, GpuSaved* save) {
+                    cudaStream_t s, GpuSaved* save, const TensorView* x_scale) {
   stats = ForwardStats{};
   last_recv_rows_ = 0;
   last_rows_per_rank_.assign(cfg.world_size, 0);
   Forward f;
   f.save = save;
-  f.T = route_tokens(x, ids, wts, y, s, save != nullptr);
+  f.x_scale = x_scale;
+  f.T = route_tokens(x, ids, wts, y, s, save != nullptr, x_scale);
   exchange_counts(f, s);
   if (save) begin_save(f, *save, s);
   dispatch(x, f, s);
@@ -297,16 +308,27 @@ void GpuEngine::run(const TensorView& x, const TensorView& ids, const TensorView
 // headers. A bad argument becomes this rank's status with zero rows, so the count exchange fails
 // every rank alike. Returns T (0 after a bad argument).
 int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts,
-                                const TensorView& y, cudaStream_t s, bool saving) {
+                                const TensorView& y, cudaStream_t s, bool saving, const TensorView* x_scale) {
   NvtxRange range("layout");
   const int W = cfg.world_size, El = cfg.experts_per_rank(), k = cfg.top_k;
   const size_t meta_bytes = size_t(protocol::meta_words(k)) * sizeof(int32_t);
-  protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
+  protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda, x_scale);
   if (status.ok() && mx_ && saving) {
     status.code = ErrorCode::unsupported;
     status.text = "an FP8 layer is forward-only: a forward that saves for backward is not supported";
   }
+  if (status.ok() && x_scale != nullptr && (!mx_ || fp8_scales_ != kernels::Fp8Scales::mx32)) {
+    status.code = ErrorCode::unsupported;
+    status.text = std::string("forward_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ") +
+                  (mx_ ? "FP8 block-128" : "bf16");
+  }
   if (status.ok()) status = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
+  if (status.ok() && x_scale != nullptr) status = check_devices({{x_scale, "x_scale"}});
+  if (status.ok() && x_scale != nullptr &&
+      (reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x_scale->data) % 4 != 0)) {
+    status.code = ErrorCode::invalid_argument;
+    status.text = "forward_mxfp8: x must be 16-byte and x_scale 4-byte aligned (the pack copies whole words)";
+  }
   if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
     status.code = ErrorCode::unsupported;
     status.text = detail::concat("T = ", x.shape[0], " tokens x max(top_k, world) = ", std::max(k, W),
@@ -436,7 +458,10 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   EPMOE_CUDA_CHECK(cudaEventRecord(ev_zeroed_, side_));
 
   // An FP8 layer sends packed FP8 rows of its format, quantized here at the source (0.52 of the bytes).
-  if (mx_ && fp8_scales_ == kernels::Fp8Scales::block128)
+  if (f.x_scale != nullptr)  // (forward_mxfp8: already in the format, its bytes as they are)
+    kernels::pack_rows_mx_given_launch(x.ptr<uint8_t>(), f.x_scale->ptr<uint8_t>(), H, send_token_.as<int32_t>(), S,
+                                       send_x_.as<uint8_t>(), s);
+  else if (mx_ && fp8_scales_ == kernels::Fp8Scales::block128)
     kernels::pack_rows_fp8b_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
   else if (mx_)
     kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);

@@ -57,6 +57,10 @@ class GpuEngine final : public MoeLayer::Engine {
 
   void forward(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
                void* stream, MoeForwardContext* save) override;
+  // An MXFP8 layer's forward on x given in the format (e4m3 with its e8m0 scales): the rows are
+  // packed as they are (pack_rows_mx_given) instead of quantized at the source.
+  void forward_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& ids, const TensorView& wts,
+                     const TensorView& y, void* stream) override;
   void backward(const MoeForwardContext& ctx, const TensorView& dy, const TensorView& dx, const TensorView& dwts,
                 const ExpertGradients& grads, void* stream) override;
 
@@ -94,13 +98,16 @@ class GpuEngine final : public MoeLayer::Engine {
     std::vector<int64_t> send_rows; // [world] rows sent to each rank
     int64_t S = 0, R = 0, P = 0;    // rows sent, rows received, padded expert rows
     GpuSaved* save = nullptr;       // forward(..., save): what is being kept
+    const TensorView* x_scale = nullptr;  // forward_mxfp8: x is e4m3 with these e8m0 scales
   };
   // The forward's phases on `s` (gpu_engine.cu's header lists them); forward() wraps them for the
   // ordering with other forwards and backwards.
+  void forward_impl(const TensorView& x, const TensorView* x_scale, const TensorView& ids, const TensorView& wts,
+                    const TensorView& y, void* stream, MoeForwardContext* save);
   void run(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y, cudaStream_t s,
-           GpuSaved* save);
+           GpuSaved* save, const TensorView* x_scale);
   int64_t route_tokens(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                       cudaStream_t s, bool saving);
+                       cudaStream_t s, bool saving, const TensorView* x_scale);
   void exchange_counts(Forward& f, cudaStream_t s);
   void dispatch(const TensorView& x, const Forward& f, cudaStream_t s);
   void run_experts(const Forward& f, cudaStream_t s);

@@ -15,4 +15,10 @@ namespace epmoe::kernels {
 void pack_rows_mx_launch(const __nv_bfloat16* x, int hidden, const int32_t* send_token, int64_t rows, uint8_t* send,
                          cudaStream_t stream);
 
+// The same packed rows from x already in the format (MoeLayer::forward_mxfp8): xq[T, hidden] E4M3 and
+// xs[T, hidden / 32] E8M0 copied as they are, send[r] = mx::pack_row of token send_token[r].
+// hidden % 128 == 0; xq 16-byte aligned, xs 4-byte aligned.
+void pack_rows_mx_given_launch(const uint8_t* xq, const uint8_t* xs, int hidden, const int32_t* send_token,
+                               int64_t rows, uint8_t* send, cudaStream_t stream);
+
 }  // namespace epmoe::kernels

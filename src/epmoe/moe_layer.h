@@ -29,8 +29,8 @@ namespace epmoe {
 // forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 FP8 kernels: MXFP8 in
 // the swap-AB or tile form by the heuristics tier, block-128 in its tile form (hidden and ffn
 // multiples of 128; no capturable forward or deterministic mode; of an sm90_plan override only
-// swap=on|off, the form, and block-128 refuses swap=on); forward_mxfp8 (x given in the format) is
-// the CPU engine's only, for now.
+// swap=on|off, the form, and block-128 refuses swap=on); forward_mxfp8 takes x given in MXFP8 on
+// either engine.
 struct ExpertWeights {
   TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
   TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]

@@ -368,6 +368,38 @@ TEST(PackAndReduceGpu, PackRowsMxMatchesTheHostQuantizer) {
   }
 }
 
+// forward_mxfp8's pack: rows already in MXFP8 copied into packed rows, byte for byte mx::pack_row
+// (the padding zeroed), at widths with and without scale padding.
+TEST(PackAndReduceGpu, PackRowsMxGivenCopiesThePackedRow) {
+  REQUIRE_CUDA();
+  for (int H : {2048, 384, 7168}) {
+    SCOPED_TRACE("hidden " + std::to_string(H));
+    const int64_t T = 41, rows = 67;
+    const std::vector<bf16> x = random_bf16(size_t(T) * H, mix(79, H), 1.0f);
+    std::vector<uint8_t> q(size_t(T) * H), sc(size_t(T) * H / 32);
+    mx::quantize_rows(x.data(), T, H, q.data(), sc.data());
+    std::vector<int32_t> token(rows);
+    for (int64_t r = 0; r < rows; ++r) token[size_t(r)] = int32_t(mix(81, r) % uint64_t(T));
+    const int64_t bytes = mx::packed_row_bytes(H);
+    Dev<uint8_t> d_q(q), d_s(sc), d_send(size_t(rows * bytes));  // (send poisoned)
+    Dev<int32_t> d_token(token);
+    kernels::pack_rows_mx_given_launch(d_q.get(), d_s.get(), H, d_token.get(), rows, d_send.get(), nullptr);
+    ck(cudaDeviceSynchronize(), "sync");
+    const std::vector<uint8_t> got = d_send.host();
+    std::vector<uint8_t> want(static_cast<size_t>(bytes));
+    int64_t bad = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = token[size_t(r)];
+      mx::pack_row(&q[size_t(t) * H], &sc[size_t(t) * H / 32], H, want.data());
+      for (int64_t i = 0; i < bytes; ++i)
+        if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
+          ADD_FAILURE() << "row " << r << " byte " << i << ": 0x" << std::hex << int(got[size_t(r * bytes + i)])
+                        << ", want 0x" << int(want[size_t(i)]);
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 // An FP8 block-128 layer's pack: bit for bit the host's fp8b::quantize_packed_row (the amax / 448 scale
 // by an IEEE division, E4M3 of v / scale, zero blocks at scale 1, NaN and infinite blocks at the NaN
 // scale, the padding), on rows with a NaN, an infinity, an all-zero block, saturating and subnormal

@@ -3,7 +3,8 @@
 // at the source by the dispatch's pack) against reference_moe_mxfp8, and with fp32 block-128 scales
 // (the block-128 tile kernels) against reference_moe_fp8_block:
 // the fp64 reference on the dequantized operands with act requantized by the host quantizer, for
-// several routings and token counts; the dispatch's bytes; and what it refuses, on construction or as
+// several routings and token counts; x given in MXFP8 (forward_mxfp8); the dispatch's bytes; and what
+// it refuses, on construction or as
 // a status every rank raises: a saving forward, a capturable / deterministic / cuBLAS layer, dims not
 // multiples of 128. Skips without a compute capability 9.0 device.
 //
@@ -182,6 +183,72 @@ TEST_F(Mxfp8Gpu, Fp8BlockRoutingsAtAFewHundredTokens) {
   for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert, RoutingKind::with_drops,
                            RoutingKind::all_dropped})
     run_case(16, 4, 1024, 256, 300, kind, true);
+}
+
+// x given in the format (forward_mxfp8): its bytes are dispatched as they are (pack_rows_mx_given).
+// At k = 1 every received row has one pair, so each output element is one bf16 reduction onto zero
+// and y is bitwise forward()'s on the bf16 x the bytes were quantized from (pack_rows_mx is bit-exact
+// with the host quantizer); at k = 4 within the layer tolerance of the reference. Refused as a status
+// (unsupported) by bf16 and block-128 layers; an x_scale of the wrong shape is invalid_argument.
+TEST_F(Mxfp8Gpu, XGivenInTheFormat) {
+  int dev = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  const int E = 16, H = 1024, F = 256;
+  const int64_t T = 200;
+  const std::vector<bf16> x = make_x(mix(61, T), 0, T, H);
+  std::vector<uint8_t> xq(size_t(T) * H), xs(size_t(T) * H / 32);
+  mx::quantize_rows(x.data(), T, H, xq.data(), xs.data());
+  Dev<uint8_t> dq(xq), ds(xs), bad_scale(size_t(T) * H / 16);
+  const TensorView tq = TensorView::contiguous(dq.get(), DType::e4m3, {T, H}, DeviceType::cuda, dev);
+  const TensorView ts = TensorView::contiguous(ds.get(), DType::e8m0, {T, H / 32}, DeviceType::cuda, dev);
+  for (int k : {1, 4}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    const MxModel m(E, k, H, F, mix(E, H, F, 60));
+    const Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(62, T, k), 0, 1);
+    std::vector<float> ref(size_t(T) * H);
+    m.reference(x, R, T, ref.data());
+    MoeLayer layer(m.cfg, m.weights(), single_comm());
+    Views v(m.cfg, x, R, T);
+    layer.forward(v.tx, v.tids, v.tw, v.ty, nullptr);
+    ck(cudaDeviceSynchronize(), "sync");
+    const std::vector<bf16> y_quantized_here = v.y.host();
+    ck(cudaMemset(v.y.get(), 0xff, size_t(T) * H * sizeof(bf16)), "poison y");
+    layer.forward_mxfp8(tq, ts, v.tids, v.tw, v.ty, nullptr);
+    ck(cudaDeviceSynchronize(), "sync");
+    const std::vector<bf16> y_given = v.y.host();
+    EXPECT_TRUE(close_to_reference(y_given.data(), ref.data(), T, H, kMxGpuTolerance));
+    if (k == 1) {
+      int64_t differ = 0;
+      for (size_t i = 0; i < y_given.size(); ++i) differ += y_given[i].bits != y_quantized_here[i].bits ? 1 : 0;
+      EXPECT_EQ(differ, 0) << "y from x given in the format differs from y quantized at the source";
+    }
+    const TensorView wrong = TensorView::contiguous(bad_scale.get(), DType::e8m0, {T, H / 16}, DeviceType::cuda, dev);
+    try {
+      layer.forward_mxfp8(tq, wrong, v.tids, v.tw, v.ty, nullptr);
+      ADD_FAILURE() << "an x_scale of shape [T, hidden / 16] was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+    }
+  }
+  // Layers of the other formats refuse it, and stay usable.
+  const MxModel b(E, 1, H, F, mix(E, H, F, 60), /*block_128=*/true);
+  const ModelWeights& M = b.M;
+  Dev<bf16> w1(M.w1), w2(M.w2);
+  const ExpertWeights bf16_weights{TensorView::contiguous(w1.get(), DType::bf16, {E, 2 * F, H}, DeviceType::cuda, dev),
+                                   TensorView::contiguous(w2.get(), DType::bf16, {E, H, F}, DeviceType::cuda, dev)};
+  const Routing R = make_routing(T, E, 1, RoutingKind::uniform, mix(63, T), 0, 1);
+  for (int which = 0; which < 2; ++which) {
+    MoeLayer layer(b.cfg, which == 0 ? b.weights() : bf16_weights, single_comm());
+    Views v(b.cfg, x, R, T);
+    try {
+      layer.forward_mxfp8(tq, ts, v.tids, v.tw, v.ty, nullptr);
+      ADD_FAILURE() << (which == 0 ? "a block-128" : "a bf16") << " layer took forward_mxfp8";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+    }
+    layer.forward(v.tx, v.tids, v.tw, v.ty, nullptr);
+    ck(cudaDeviceSynchronize(), "sync");
+  }
 }
 
 // A block-128 layer has one form (swap=on is refused at construction), and bind_weights keeps a
