@@ -1,5 +1,6 @@
-// The sm_90a pipeline's problem checks (sm90::check_expert_problem, kernels/sm90/launch.cuh): every
-// problem the kernels cannot run is a clear invalid_argument error before anything launches. Needs
+// The sm_90a pipeline's problem checks (sm90::check_expert_problem, kernels/sm90/launch.cuh; the FP8
+// kernels' check_mx_expert_problem, kernels/sm90/swap_mx.cuh): every problem the kernels cannot run
+// is a clear invalid_argument error before anything launches. Needs
 // the CUDA headers (the ExpertProblem's bf16 pointers), not a GPU: built where CUDA is enabled.
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include "epmoe/error.h"
 #include "kernels/expert_problem.cuh"
 #include "kernels/sm90/launch.cuh"
+#include "kernels/sm90/swap_mx.cuh"
 
 namespace {
 
@@ -86,6 +88,44 @@ TEST(Sm90ProblemChecks, RejectsWhatTheKernelsCannotRun) {
   p = good_problem();
   p.x_rows = 0;
   expect_bad(p, "x without rows", "x_rows");
+}
+
+// The FP8 problems: both scale formats in the tile form, MXFP8 in the swap-AB form too; block-128 in
+// the swap-AB form (no such kernel) and dims off 128 refused; the packed row sizes of each format.
+TEST(Sm90ProblemChecks, Fp8ProblemsByScaleFormat) {
+  alignas(16) static unsigned char buf[1024];
+  epmoe::kernels::MxExpertProblem p;
+  p.x = p.w1 = p.w1_scale = p.w2 = p.w2_scale = p.act = buf;
+  p.out = reinterpret_cast<__nv_bfloat16*>(buf);
+  p.padded_offsets = reinterpret_cast<const int64_t*>(buf);
+  p.pair_row = reinterpret_cast<const int32_t*>(buf);
+  p.pair_weight = reinterpret_cast<const float*>(buf);
+  p.x_rows = 10, p.out_rows = 10, p.experts = 4, p.hidden = 256, p.ffn = 384, p.rows_capacity = 512;
+  using epmoe::kernels::Fp8Scales;
+  using epmoe::kernels::MxForm;
+  for (Fp8Scales f : {Fp8Scales::mx32, Fp8Scales::block128})
+    for (MxForm form : {MxForm::swap, MxForm::tile}) {
+      p.scales = f, p.form = form;
+      if (f == Fp8Scales::block128 && form == MxForm::swap) {
+        try {
+          epmoe::kernels::check_mx_expert_problem(p, "test");
+          ADD_FAILURE() << "block-128 in the swap-AB form was taken";
+        } catch (const epmoe::Error& e) {
+          EXPECT_EQ(e.code(), epmoe::ErrorCode::invalid_argument);
+          EXPECT_NE(std::string(e.what()).find("tile form"), std::string::npos) << e.what();
+        }
+      } else {
+        EXPECT_NO_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"));
+      }
+    }
+  p.scales = Fp8Scales::block128, p.form = MxForm::tile, p.ffn = 320;  // (a multiple of 32 and 64, not 128)
+  EXPECT_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"), epmoe::Error);
+  // hidden 2048: MX 2048 + 64 scale bytes; block-128 2048 + 16 fp32 scales; 384: 12 and 3 x 4 bytes, padded to 16.
+  EXPECT_EQ(epmoe::kernels::fp8_packed_row_bytes(Fp8Scales::mx32, 2048), 2048 + 64);
+  EXPECT_EQ(epmoe::kernels::fp8_packed_row_bytes(Fp8Scales::block128, 2048), 2048 + 64);
+  EXPECT_EQ(epmoe::kernels::fp8_packed_row_bytes(Fp8Scales::mx32, 384), 384 + 16);
+  EXPECT_EQ(epmoe::kernels::fp8_packed_row_bytes(Fp8Scales::block128, 384), 384 + 16);
+  EXPECT_EQ(epmoe::kernels::fp8_packed_row_bytes(Fp8Scales::block128, 7168), 7168 + 224);
 }
 
 }  // namespace
