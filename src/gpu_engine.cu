@@ -58,11 +58,11 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
   EPMOE_CHECK(w.w1.device_index == w.w2.device_index, ErrorCode::invalid_argument, "w1 is on cuda:",
               w.w1.device_index, " but w2 on cuda:", w.w2.device_index);
   device_ = w.w1.device_index;
-  mx_ = w.fp8();
+  fp8_ = w.fp8();
   fp8_scales_ = w.fp8_block() ? kernels::Fp8Scales::block128 : kernels::Fp8Scales::mx32;
   set_weights(w);
   DeviceGuard guard(device_);
-  if (mx_) {
+  if (fp8_) {
     // What the MX kernels take today; refused here, alike on every rank (same config and options).
     EPMOE_CHECK(kernels::sm90_experts_supported(device_), ErrorCode::unsupported,
                 "FP8 weights on cuda need a compute capability 9.0 GPU and a build with sm_90a code (device ",
@@ -81,7 +81,7 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
                 "takes of an sm90_plan override only swap=on|off (its swap-AB or tile form)");
   }
 
-  switch (mx_ ? ExpertPath::sm90 : opt.expert_path) {
+  switch (fp8_ ? ExpertPath::sm90 : opt.expert_path) {
     case ExpertPath::automatic:
       path = kernels::sm90_experts_supported(device_) ? ExpertPath::sm90 : ExpertPath::cublas;
       break;
@@ -196,10 +196,11 @@ void GpuEngine::bind_weights(const ExpertWeights& w) {
   EPMOE_CHECK(w.w1.device_index == device_ && w.w2.device_index == device_, ErrorCode::invalid_argument,
               "bind_weights: w1 / w2 on cuda:", w.w1.device_index, " / cuda:", w.w2.device_index,
               " but the layer runs on cuda:", device_);
-  auto format = [](const ExpertWeights& v) { return v.mxfp8() ? "MXFP8" : v.fp8_block() ? "FP8 block-128" : "bf16"; };
-  const char* built = !mx_ ? "bf16" : fp8_scales_ == kernels::Fp8Scales::block128 ? "FP8 block-128" : "MXFP8";
-  EPMOE_CHECK(std::string(format(w)) == built, ErrorCode::invalid_argument, "bind_weights: the layer was built with ",
-              built, " weights; these are ", format(w));
+  auto format = [](bool fp8, bool block) { return !fp8 ? "bf16" : block ? "FP8 block-128" : "MXFP8"; };
+  const bool block = fp8_scales_ == kernels::Fp8Scales::block128;
+  EPMOE_CHECK(w.fp8() == fp8_ && w.fp8_block() == (fp8_ && block), ErrorCode::invalid_argument,
+              "bind_weights: the layer was built with ", format(fp8_, block), " weights; these are ",
+              format(w.fp8(), w.fp8_block()));
   set_weights(w);
 }
 
@@ -219,7 +220,7 @@ void GpuEngine::set_weights(const ExpertWeights& w) {
 }
 
 size_t GpuEngine::wire_row_bytes() const {
-  return mx_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, cfg.hidden)) : size_t(cfg.hidden) * sizeof(bf16);
+  return fp8_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, cfg.hidden)) : size_t(cfg.hidden) * sizeof(bf16);
 }
 
 GpuDispatchView GpuEngine::dispatch_view() const {
@@ -313,14 +314,14 @@ int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, cons
   const int W = cfg.world_size, El = cfg.experts_per_rank(), k = cfg.top_k;
   const size_t meta_bytes = size_t(protocol::meta_words(k)) * sizeof(int32_t);
   protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda, x_scale);
-  if (status.ok() && mx_ && saving) {
+  if (status.ok() && fp8_ && saving) {
     status.code = ErrorCode::unsupported;
     status.text = "an FP8 layer is forward-only: a forward that saves for backward is not supported";
   }
-  if (status.ok() && x_scale != nullptr && (!mx_ || fp8_scales_ != kernels::Fp8Scales::mx32)) {
+  if (status.ok() && x_scale != nullptr && (!fp8_ || fp8_scales_ != kernels::Fp8Scales::mx32)) {
     status.code = ErrorCode::unsupported;
     status.text = std::string("forward_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ") +
-                  (mx_ ? "FP8 block-128" : "bf16");
+                  (fp8_ ? "FP8 block-128" : "bf16");
   }
   if (status.ok()) status = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (status.ok() && x_scale != nullptr) status = check_devices({{x_scale, "x_scale"}});
@@ -444,7 +445,7 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   combine_.ensure(size_t(R) * row_bytes);
   if (path == ExpertPath::cublas) xs_.ensure(size_t(P) * row_bytes);  // the sm90 UP gathers from recv_x_ itself
   // act: bf16 rows, or packed FP8 rows of ffn (the FP8 UP requantizes it for DOWN).
-  act_.ensure(size_t(P) * (mx_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, F)) : F * sizeof(bf16)));
+  act_.ensure(size_t(P) * (fp8_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, F)) : F * sizeof(bf16)));
   pair_row_.ensure(size_t(P) * sizeof(int32_t));
   pair_weight_.ensure(size_t(P) * sizeof(float));
   expert_ws_.ensure(kernels::expert_layout_workspace_bytes(R, El));
@@ -461,9 +462,9 @@ void GpuEngine::dispatch(const TensorView& x, const Forward& f, cudaStream_t s) 
   if (f.x_scale != nullptr)  // (forward_mxfp8: already in the format, its bytes as they are)
     kernels::pack_rows_mx_given_launch(x.ptr<uint8_t>(), f.x_scale->ptr<uint8_t>(), H, send_token_.as<int32_t>(), S,
                                        send_x_.as<uint8_t>(), s);
-  else if (mx_ && fp8_scales_ == kernels::Fp8Scales::block128)
+  else if (fp8_ && fp8_scales_ == kernels::Fp8Scales::block128)
     kernels::pack_rows_fp8b_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
-  else if (mx_)
+  else if (fp8_)
     kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<uint8_t>(), s);
   else kernels::pack_rows_launch(x.ptr<__nv_bfloat16>(), H, send_token_.as<int32_t>(), S, send_x_.as<__nv_bfloat16>(), s);
   const AlltoallvPlane planes[2] = {
@@ -524,7 +525,7 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       det_pair_out_.ensure(size_t(P) * cfg.hidden * sizeof(bf16));
       prob.pair_out = det_pair_out_.as<__nv_bfloat16>();
     }
-    if (mx_) {
+    if (fp8_) {
       kernels::MxExpertProblem m;
       m.x = recv_x_.as<uint8_t>(), m.x_rows = R;
       m.padded_offsets = d_expert_off_, m.pair_row = pair_row_.as<int32_t>(), m.pair_weight = pair_weight_.as<float>();

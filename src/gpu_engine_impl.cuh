@@ -142,7 +142,7 @@ class GpuEngine final : public MoeLayer::Engine {
   // An FP8 layer (ExpertWeights::fp8): its E4M3 weights and their scales (w1_ / w2_ stay null) in
   // fp8_scales_'s format (MXFP8's E8M0 bytes or block-128's fp32 words), run by the FP8 kernels
   // (kernels/sm90/swap_mx.cuh); forward-only, not capturable.
-  bool mx_ = false;
+  bool fp8_ = false;
   kernels::Fp8Scales fp8_scales_ = kernels::Fp8Scales::mx32;
   const uint8_t *w1q_ = nullptr, *w1s_ = nullptr, *w2q_ = nullptr, *w2s_ = nullptr;
   void set_weights(const ExpertWeights& w);

@@ -326,6 +326,22 @@ TEST(PackAndReduceGpu, MatchCpu) {
     }
 }
 
+// got [rows, bytes] against want_row(r, dst) (the host's packed row r, `bytes` long), byte for byte;
+// reports the first differences (bytes past H are scales or padding).
+template <class WantRow>
+void expect_packed_rows(const std::vector<uint8_t>& got, int64_t rows, int64_t bytes, int H, WantRow&& want_row) {
+  std::vector<uint8_t> want(static_cast<size_t>(bytes));
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    want_row(r, want.data());
+    for (int64_t i = 0; i < bytes; ++i)
+      if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
+        ADD_FAILURE() << "row " << r << " byte " << i << (i < H ? " (element)" : " (scale or padding)") << ": 0x"
+                      << std::hex << int(got[size_t(r * bytes + i)]) << ", want 0x" << int(want[size_t(i)]);
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // An MXFP8 layer's pack: each send row quantized to a packed MXFP8 row on the device, bit for bit
 // the host's mx::quantize_packed_row (scales, E4M3 rounding and saturation, NaN blocks, the padding),
 // on rows with a NaN, an infinity, an all-zero block, saturating and subnormal values, and widths
@@ -355,16 +371,9 @@ TEST(PackAndReduceGpu, PackRowsMxMatchesTheHostQuantizer) {
                                  d_send.get(), nullptr);
     ck(cudaDeviceSynchronize(), "sync");
     const std::vector<uint8_t> got = d_send.host();
-    std::vector<uint8_t> want(static_cast<size_t>(bytes));
-    int64_t bad = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      mx::quantize_packed_row(&x[size_t(token[size_t(r)]) * H], H, want.data());
-      for (int64_t i = 0; i < bytes; ++i)
-        if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
-          ADD_FAILURE() << "row " << r << " byte " << i << (i < H ? " (element)" : " (scale or padding)") << ": 0x"
-                        << std::hex << int(got[size_t(r * bytes + i)]) << ", want 0x" << int(want[size_t(i)]);
-    }
-    EXPECT_EQ(bad, 0);
+    expect_packed_rows(got, rows, bytes, H, [&](int64_t r, uint8_t* want) {
+      mx::quantize_packed_row(&x[size_t(token[size_t(r)]) * H], H, want);
+    });
   }
 }
 
@@ -386,17 +395,10 @@ TEST(PackAndReduceGpu, PackRowsMxGivenCopiesThePackedRow) {
     kernels::pack_rows_mx_given_launch(d_q.get(), d_s.get(), H, d_token.get(), rows, d_send.get(), nullptr);
     ck(cudaDeviceSynchronize(), "sync");
     const std::vector<uint8_t> got = d_send.host();
-    std::vector<uint8_t> want(static_cast<size_t>(bytes));
-    int64_t bad = 0;
-    for (int64_t r = 0; r < rows; ++r) {
+    expect_packed_rows(got, rows, bytes, H, [&](int64_t r, uint8_t* want) {
       const int64_t t = token[size_t(r)];
-      mx::pack_row(&q[size_t(t) * H], &sc[size_t(t) * H / 32], H, want.data());
-      for (int64_t i = 0; i < bytes; ++i)
-        if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
-          ADD_FAILURE() << "row " << r << " byte " << i << ": 0x" << std::hex << int(got[size_t(r * bytes + i)])
-                        << ", want 0x" << int(want[size_t(i)]);
-    }
-    EXPECT_EQ(bad, 0);
+      mx::pack_row(&q[size_t(t) * H], &sc[size_t(t) * H / 32], H, want);
+    });
   }
 }
 
@@ -430,16 +432,9 @@ TEST(PackAndReduceGpu, PackRowsFp8BlockMatchesTheHostQuantizer) {
                                    d_send.get(), nullptr);
     ck(cudaDeviceSynchronize(), "sync");
     const std::vector<uint8_t> got = d_send.host();
-    std::vector<uint8_t> want(static_cast<size_t>(bytes));
-    int64_t bad = 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      fp8b::quantize_packed_row(&x[size_t(token[size_t(r)]) * H], H, want.data());
-      for (int64_t i = 0; i < bytes; ++i)
-        if (got[size_t(r * bytes + i)] != want[size_t(i)] && bad++ < 5)
-          ADD_FAILURE() << "row " << r << " byte " << i << (i < H ? " (element)" : " (scale or padding)") << ": 0x"
-                        << std::hex << int(got[size_t(r * bytes + i)]) << ", want 0x" << int(want[size_t(i)]);
-    }
-    EXPECT_EQ(bad, 0);
+    expect_packed_rows(got, rows, bytes, H, [&](int64_t r, uint8_t* want) {
+      fp8b::quantize_packed_row(&x[size_t(token[size_t(r)]) * H], H, want);
+    });
   }
 }
 

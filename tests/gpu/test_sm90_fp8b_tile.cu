@@ -34,6 +34,7 @@
 #include "kernels/expert_problem.cuh"
 #include "kernels/sm90/experts.cuh"
 #include "kernels/sm90/swap_mx.cuh"
+#include "fp8_kernel_case.h"
 
 namespace {
 
@@ -41,36 +42,10 @@ namespace fp8b = epmoe::fp8b;
 namespace mx = epmoe::mx;
 using epmoe::kernels::kExpertTile;
 
-template <class T>
-struct Dev {
-  T* p = nullptr;
-  explicit Dev(size_t n, int poison = -1) {
-    EPMOE_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
-    if (poison >= 0) EPMOE_CUDA_CHECK(cudaMemset(p, poison, std::max<size_t>(n, 1) * sizeof(T)));
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  Dev(const std::vector<T>& h) : Dev(h.size()) {
-    EPMOE_CUDA_CHECK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-    EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
-  }
-  ~Dev() { cudaFree(p); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  std::vector<T> get(size_t n) const {
-    std::vector<T> h(n);
-    EPMOE_CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-};
-
-bool sm90_here() {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || !epmoe::kernels::sm90_experts_supported(dev)) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return true;
-}
+using epmoe::test::fp8k::check_output;
+using epmoe::test::fp8k::Dev;
+using epmoe::test::fp8k::make_segments;
+using epmoe::test::fp8k::sm90_here;
 
 // A [rows, K] matrix of N(0, sigma) values times a power of two in [2^-spread, 2^spread] per block
 // (blocks of block_rows x 128), in the block-128 format: activation rows (block_rows 1) or a weight.
@@ -114,31 +89,12 @@ void run_case(const Case& c) {
   if (!sm90_here()) GTEST_SKIP() << "needs a compute capability 9.0 device and an sm_90a build";
   const int E = c.experts, H = c.hidden, F = c.ffn, T = c.T;
   std::mt19937 rng(0xb10c + uint32_t(T) * 131 + uint32_t(H));
-  // Routing: per token k distinct experts (uniform) or all to expert E - 2 (one_expert; the last
-  // expert and the others stay empty), weights in (0.1, 1).
-  std::vector<std::vector<std::pair<int, float>>> seg(static_cast<size_t>(E));
-  std::uniform_real_distribution<float> wd(0.1f, 1.0f);
-  for (int t = 0; t < T; ++t) {
-    if (c.route == Case::one_expert) {
-      seg[size_t(E - 2)].push_back({t, wd(rng)});
-      continue;
-    }
-    std::vector<int> ids(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) ids[size_t(e)] = e;
-    std::shuffle(ids.begin(), ids.end(), rng);
-    for (int j = 0; j < c.k; ++j) seg[size_t(ids[size_t(j)])].push_back({t, wd(rng)});
-  }
-  std::vector<int64_t> offsets(size_t(E) + 1, 0);
-  for (int e = 0; e < E; ++e)
-    offsets[size_t(e) + 1] = offsets[size_t(e)] + (int64_t(seg[size_t(e)].size()) + kExpertTile - 1) / kExpertTile * kExpertTile;
-  const int64_t cap = std::max<int64_t>(offsets[size_t(E)], kExpertTile);
-  std::vector<int32_t> pair_row(size_t(cap), -1);
-  std::vector<float> pair_weight(size_t(cap), 0.0f);
-  for (int e = 0; e < E; ++e)
-    for (size_t i = 0; i < seg[size_t(e)].size(); ++i) {
-      pair_row[size_t(offsets[size_t(e)]) + i] = seg[size_t(e)][i].first;
-      pair_weight[size_t(offsets[size_t(e)]) + i] = seg[size_t(e)][i].second;
-    }
+  const epmoe::test::fp8k::Segments S = make_segments(E, T, c.k, c.route == Case::one_expert, rng);
+  const auto& seg = S.seg;
+  const auto& offsets = S.offsets;
+  const int64_t cap = S.cap;
+  const std::vector<int32_t>& pair_row = S.pair_row;
+  const std::vector<float>& pair_weight = S.pair_weight;
 
   // Operands: x rows packed as the dispatch sends them; weights row-major E4M3 + fp32 block scales.
   const BlockMatrix x = random_block_matrix(T, H, 1, 1.0, c.spread, rng);
@@ -249,29 +205,8 @@ void run_case(const Case& c) {
   EXPECT_EQ(scale_far, 0) << "act scales outside the slack of the host quantizer's";
   EXPECT_EQ(code_far, 0) << "act elements outside their format's rounding of the exact v";
 
-  double num = 0, den = 0, worst_token = 0;
-  int64_t nonzero_unrouted = 0, nonfinite = 0;
-  std::vector<int> routed(size_t(T), 0);
-  for (int e = 0; e < E; ++e)
-    for (const auto& pr : seg[size_t(e)]) routed[size_t(pr.first)] = 1;
-  for (int t = 0; t < T; ++t) {
-    double tn = 0, td = 0;
-    for (int h = 0; h < H; ++h) {
-      const float got = epmoe::bf16::to_float(out[size_t(t) * H + size_t(h)]);
-      const double want = y[size_t(t) * H + size_t(h)];
-      if (!std::isfinite(got)) ++nonfinite;
-      if (!routed[size_t(t)] && got != 0.0f) ++nonzero_unrouted;
-      tn += (got - want) * (got - want);
-      td += want * want;
-    }
-    num += tn, den += td;
-    if (td > 0) worst_token = std::max(worst_token, std::sqrt(tn / td));
-  }
-  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-  EXPECT_EQ(nonfinite, 0);
-  EXPECT_EQ(nonzero_unrouted, 0);
-  EXPECT_LE(rel, 1e-2);
-  EXPECT_LE(worst_token, 3e-2);
+  const epmoe::test::fp8k::OutputError err = check_output(out, y, S, T, H);
+  const double rel = err.rel, worst_token = err.worst_token;
   std::printf("[fp8 block-128 tile] %s: E=%d %d/%d T=%d k=%d: y rel L2 %.3g (worst token %.3g); act codes differing "
               "%lld of %lld\n",
               c.name.c_str(), E, H, F, T, c.k, rel, worst_token, (long long)code_diff, (long long)codes);
