@@ -266,9 +266,9 @@ stage_sass() {
   fi
   echo "inputs: ${inputs[*]}"
   echo "kernels in the dump: $(grep -c 'Function : ' "$dump" || true)"
-  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_dgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap* / *sm90_mx_tile* / *sm90_fp8b_tile*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
+  # Per kernel named *sm90_up* / *sm90_down* / *sm90_wgrad* / *sm90_dgrad* / *sm90_swap_ab* / *sm90_fused_swap* / *sm90_mx_swap* / *sm90_fused_mx* / *sm90_mx_tile* / *sm90_fp8b_tile*: HGMMA (and FP8 QGMMA) lines, LDL/STL lines; the excerpt keeps their SASS.
   awk -v excerpt="$LOGS/sass_sm90.txt" '
-    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_dgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap|sm90_mx_tile|sm90_fp8b_tile/)
+    /Function : / { name = $NF; keep = (name ~ /sm90_up|sm90_down|sm90_wgrad|sm90_dgrad|sm90_swap_ab|sm90_fused_swap|sm90_mx_swap|sm90_fused_mx|sm90_mx_tile|sm90_fp8b_tile/)
                     if (keep && !(name in seen)) { seen[name] = 1; order[++nk] = name } }
     keep { print > excerpt
            if ($0 ~ /[HQ]GMMA/) h[name]++
@@ -335,7 +335,7 @@ stage_sanitizer() {
   sanitize_one test_sm90_experts '*SmallE4K2H256F256T64*' $(( left / 10 )) initcheck,synccheck || rc=1
   sanitize_one test_layout_gpu '*' $(( left / 20 )) initcheck,synccheck || rc=1
   # the MX swap-AB kernels (UP with the act requantization, DOWN): one and two k stages, N 8 and 64
-  sanitize_one test_sm90_mx_swap '*SmallestShape*:*SixtyFiveRows*' $(( left / 10 )) memcheck,racecheck || rc=1
+  sanitize_one test_sm90_mx_swap '*SmallestShape*:*SixtyFiveRows*:*FiveTwelve*' $(( left / 10 )) memcheck,racecheck || rc=1
   sanitize_one test_sm90_mx_swap '*SmallestShape*' $(( left / 20 )) initcheck,synccheck || rc=1
   sanitize_one test_sm90_fp8b_tile '*SmallestShape*:*TileAndOneRow*' $(( left / 10 )) memcheck,racecheck || rc=1
   sanitize_one test_sm90_fp8b_tile '*SmallestShape*' $(( left / 20 )) initcheck,synccheck || rc=1
@@ -413,7 +413,7 @@ stage_bench_mxfp8() {
     --tokens 1,8,64,128,16384 --json "$LOGS/baseline_fp8.json" || rc=$?
   [[ -f $LOGS/bench_mxfp8.json && -f $LOGS/baseline_fp8.json ]] &&
     python3 launch/compare_fp8.py "$LOGS/bench_mxfp8.json" "$LOGS/baseline_fp8.json"
-  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | head -1 | awk '{printf "T=1: mxfp8 %s us (%s), bf16 auto %s us, mx floor %s us", $8, $9, $6, $14}')
+  KEY_FIG=$(grep -E '^ +32 +4 +2048 +1024 +1 ' "$CUR_LOG" | head -1 | awk '{printf "T=1: mxfp8 %s us (%s; fused %s), bf16 auto %s us, mx floor %s us", $8, $9, $22, $6, $14}')
   KEY_FIG+=$(grep -E '^ +32 +4 +2048 +1024 +16384 ' "$CUR_LOG" | head -1 | awk '{printf "; T=16384: block-128 %s us = %sx bf16", $18, $19}')
   KEY_FIG="${KEY_FIG:-no table} [rc $rc]"
   return $rc

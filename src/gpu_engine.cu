@@ -72,13 +72,17 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
                 cfg.hidden, ", ffn ", cfg.ffn, ")");
     EPMOE_CHECK(opt.expert_path == ExpertPath::automatic || opt.expert_path == ExpertPath::sm90,
                 ErrorCode::unsupported, "an FP8 layer runs the sm_90 FP8 kernels: expert_path must be automatic or sm90");
-    EPMOE_CHECK(!(w.fp8_block() && opt.sm90_plan.swap_ab.value_or(false)), ErrorCode::unsupported,
-                "an FP8 block-128 layer runs the tile form only: sm90_plan swap=on has no block-128 kernel");
-    Sm90PlanOverride rest = opt.sm90_plan;  // an FP8 layer reads only the form (swap=on|off) of a plan
+    EPMOE_CHECK(!(w.fp8_block() && (opt.sm90_plan.swap_ab.value_or(false) || opt.sm90_plan.fused.value_or(false))),
+                ErrorCode::unsupported,
+                "an FP8 block-128 layer runs the tile form only: sm90_plan swap=on / fused=on have no block-128 kernel");
+    EPMOE_CHECK(!(opt.sm90_plan.fused.value_or(false) && !opt.sm90_plan.swap_ab.value_or(true)), ErrorCode::unsupported,
+                "sm90_plan fused=on with swap=off: the fused MX pipeline is built in the swap-AB form");
+    Sm90PlanOverride rest = opt.sm90_plan;  // an FP8 layer reads only the form (swap=, fused=) of a plan
     rest.swap_ab.reset();
+    rest.fused.reset();
     EPMOE_CHECK(opt.max_tokens_per_rank == 0 && !opt.deterministic && rest.empty(), ErrorCode::unsupported,
                 "an FP8 layer on cuda has no capturable forward (max_tokens_per_rank), no deterministic mode and "
-                "takes of an sm90_plan override only swap=on|off (its swap-AB or tile form)");
+                "takes of an sm90_plan override only swap=on|off and fused=on|off (its swap-AB, tile or fused form)");
   }
 
   switch (fp8_ ? ExpertPath::sm90 : opt.expert_path) {
@@ -534,10 +538,10 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       m.out = combine_.as<__nv_bfloat16>(), m.out_rows = R;
       m.rows_capacity = P, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
       m.scales = fp8_scales_;
-      const bool tile = m.scales == kernels::Fp8Scales::block128 ||  // (its one form)
-                        (opt_.sm90_plan.swap_ab ? !*opt_.sm90_plan.swap_ab
-                                                : kernels::mx_tile_form_pays(f.plan.total_pairs(), El));
-      m.form = tile ? kernels::MxForm::tile : kernels::MxForm::swap;
+      m.form = m.scales == kernels::Fp8Scales::block128  // (its one form)
+                   ? kernels::MxForm::tile
+                   : kernels::choose_mx_form(f.plan.total_pairs(), El, opt_.sm90_plan.swap_ab, opt_.sm90_plan.fused);
+      if (m.form == kernels::MxForm::fused) m.out_acc = fused_accumulator(R, s);
       kernels::sm90_mx_experts_launch(m, s);
     } else if (saving_h) {
       run_experts_saving_h(f, prob, s);

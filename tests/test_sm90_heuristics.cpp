@@ -16,7 +16,6 @@
 #include "epmoe/error.h"
 #include "epmoe/sm90_plan.h"
 #include "kernels/heuristics/backward_heuristics.h"
-#include "kernels/heuristics/mx_heuristics.h"
 #include "kernels/heuristics/sm90_heuristics.h"
 #include "kernels/sm90/schedule.cuh"
 #include "kernels/sm90/tile_config.h"
@@ -757,20 +756,3 @@ TEST(BackwardHeuristics, DataGradGroupingGoldenTable) {
 }
 
 }  // namespace
-
-
-// ---- the MXFP8 layer's form (kernels/heuristics/mx_heuristics.h) --------------------------------------
-// Golden rows at the benchmark shapes: decode stays swap-AB, T = 16k (E=32 k=4: 2048 rows per expert)
-// takes the tile form; the boundary is a mean of 64 real rows per expert.
-TEST(MxHeuristics, TileFormFromSixtyFourRowsPerExpert) {
-  struct Row {
-    int64_t pairs;
-    int experts;
-    bool tile;
-  };
-  const Row rows[] = {{0, 8, false},      {4, 32, false},     {512, 32, false},  {2047, 32, false}, {2048, 32, true},
-                      {65536, 32, true},  {1024, 128, false}, {8192, 128, true}, {100, 0, false}};
-  for (const Row& r : rows)
-    EXPECT_EQ(epmoe::kernels::mx_tile_form_pays(r.pairs, r.experts), r.tile) << r.pairs << " pairs, " << r.experts
-                                                                              << " experts";
-}

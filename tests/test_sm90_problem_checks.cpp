@@ -118,6 +118,21 @@ TEST(Sm90ProblemChecks, Fp8ProblemsByScaleFormat) {
         EXPECT_NO_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"));
       }
     }
+  // The fused form: MX scales and a 16-byte aligned fp32 accumulator.
+  alignas(16) static float acc[64];
+  p.scales = Fp8Scales::mx32, p.form = MxForm::fused;
+  EXPECT_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"), epmoe::Error);  // no out_acc
+  p.out_acc = acc + 1;
+  EXPECT_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"), epmoe::Error);  // misaligned
+  p.out_acc = acc;
+  EXPECT_NO_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"));
+  p.scales = Fp8Scales::block128;
+  EXPECT_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"), epmoe::Error);
+  // The fused form has no separate UP / DOWN launch (refused before anything is launched).
+  p.scales = Fp8Scales::mx32;
+  EXPECT_THROW(epmoe::kernels::sm90_mx_up_launch(p, nullptr), epmoe::Error);
+  EXPECT_THROW(epmoe::kernels::sm90_mx_down_launch(p, nullptr, false), epmoe::Error);
+  p.out_acc = nullptr;
   p.scales = Fp8Scales::block128, p.form = MxForm::tile, p.ffn = 320;  // (a multiple of 32 and 64, not 128)
   EXPECT_THROW(epmoe::kernels::check_mx_expert_problem(p, "test"), epmoe::Error);
   // hidden 2048: MX 2048 + 64 scale bytes; block-128 2048 + 16 fp32 scales; 384: 12 and 3 x 4 bytes, padded to 16.

@@ -24,6 +24,7 @@
 #include "kernels/sm90/core/gather.cuh"
 #include "kernels/sm90/core/ring.cuh"
 #include "kernels/sm90/core/wgmma_narrow.cuh"
+#include "kernels/sm90/fused_reduce.cuh"
 #include "kernels/sm90/launch.cuh"
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/tensor_maps.cuh"
@@ -34,66 +35,10 @@ namespace epmoe::kernels::sm90 {
 #if EPMOE_SM90A_DEVICE
 namespace {
 
-__device__ __forceinline__ void ld_shared_f32x4(uint32_t addr, float (&v)[4]) {
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3]) : "r"(addr)
-               : "memory");
-}
-// dst[0..3] += v in the memory system; 16-byte aligned address.
-__device__ __forceinline__ void red_add_f32x4(float* dst, const float (&v)[4]) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(dst), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
-               : "memory");
-}
 // Byte offset of act (token t, column c) in the 64B-swizzled tile: 64-byte rows, chunk c / 8 at
 // chunk (c / 8) ^ ((t / 2) % 4) (smem_desc_sw64).
 __device__ __forceinline__ uint32_t act_tile_offset(int t, int c) {
   return uint32_t(t * 64 + ((((c >> 3) ^ (t >> 1)) & 3) << 4) + (c & 7) * 2);
-}
-
-__device__ __forceinline__ void red_add_f32(float* dst, float v) {
-  asm volatile("red.global.add.f32 [%0], %1;" ::"l"(dst), "f"(v) : "memory");
-}
-
-// One m64 tile's epilogue (W2 rows [n0, +64) of the stage): this thread's fragment D[16 wl + l/4
-// + 8h][t] weighted by its token's routing weight. N >= 16: into the fp32 staging [token][64], then
-// the warpgroup reduces the real rows' 16-byte chunks into out_acc (two named barriers). N = 8 (at
-// most 8 rows: decode): each thread reduces its own <= 4 values, 8 lanes covering 32 contiguous bytes
-// of a row, no barrier. prs: the pair_row of this thread's token columns (N = 8 only; -1: none).
-template <int N>
-__device__ __forceinline__ void reduce_tile(const SwapArgs& a, const SwapItem& it, const float (&acc)[N / 2],
-                                            const float (&wt)[N / 4], const int32_t (&prs)[2], uint32_t stg,
-                                            int64_t n0, int wl, int lane, int tid) {
-  if constexpr (N == 8) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      if (prs[b] < 0) continue;
-      const int64_t col = n0 + 16 * wl + (lane >> 2);
-      float* row = a.out_acc + int64_t(prs[b]) * a.hidden + col;
-      if (col < a.hidden) red_add_f32(row, wt[b] * acc[b]);
-      if (col + 8 < a.hidden) red_add_f32(row + 8, wt[b] * acc[2 + b]);
-    }
-    return;
-  }
-  named_barrier_sync(1, 128);  // the previous tile's copy-out has read the staging
-#pragma unroll
-  for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int t = 8 * g + 2 * (lane & 3) + b;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int f = 16 * wl + (lane >> 2) + 8 * h;
-        st_shared_f32(stg + uint32_t(t * kFusedStagingStride + f) * 4u, wt[2 * g + b] * acc[4 * g + 2 * h + b]);
-      }
-    }
-  named_barrier_sync(1, 128);
-  for (int q = tid; q < it.rows * 16; q += 128) {
-    const int r = q >> 4, part = q & 15;
-    const int32_t pr = a.pair_row[it.m0 + r];
-    if (pr < 0 || int64_t(pr) >= a.out_rows || n0 + 4 * part >= a.hidden) continue;
-    float v[4];
-    ld_shared_f32x4(stg + uint32_t(r * kFusedStagingStride + 4 * part) * 4u, v);
-    red_add_f32x4(a.out_acc + int64_t(pr) * a.hidden + n0 + 4 * part, v);
-  }
 }
 
 // The consumer warpgroup's item at N: UP's k loop on the ring (as the split swap UP), SwiGLU into
@@ -307,10 +252,14 @@ void launch_fused_swap_kernel(const ExpertProblem& p, cudaStream_t s) {
   const int64_t tiles = (p.rows_capacity + kBM - 1) / kBM;
   sm90_launch_threads(sm90_fused_swap_kernel, unsigned(kSwapThreads), /*cluster=*/false, /*pdl=*/false,
                       2 * tiles * ceil_div(p.ffn, 32), kFusedSmemBytes, s, "sm90_fused_swap", tm_w1, tm_w2, a);
-  const int64_t chunks = p.out_rows * int64_t(p.hidden) / 8;
+  launch_fused_write_out(p.out_acc, p.out, p.out_rows, p.hidden, s);
+}
+
+void launch_fused_write_out(float* out_acc, __nv_bfloat16* out, int64_t out_rows, int hidden, cudaStream_t s) {
+  const int64_t chunks = out_rows * int64_t(hidden) / 8;
   if (chunks > 0)
     sm90_launch_threads(sm90_fused_write_out_kernel, 256u, /*cluster=*/false, /*pdl=*/true, (chunks + 255) / 256, 0,
-                        s, "sm90_fused_write_out", p.out_acc, p.out, chunks);
+                        s, "sm90_fused_write_out", out_acc, out, chunks);
 }
 
 }  // namespace epmoe::kernels::sm90

@@ -1,5 +1,5 @@
-// The FP8 kernels' arguments (swap_mx_kernel.cu: MX swap-AB form; tile_mx_kernel.cu: MX tile form;
-// tile_fp8b_kernel.cu: block-128 tile form), how their launchers fill them from an MxExpertProblem, and
+// The FP8 kernels' arguments (swap_mx_kernel.cu: MX swap-AB form; fused_mx_kernel.cu: MX fused form;
+// tile_mx_kernel.cu: MX tile form; tile_fp8b_kernel.cu: block-128 tile form), how their launchers fill them from an MxExpertProblem, and
 // the tile forms' work item.
 #pragma once
 #include <cuda_bf16.h>
@@ -26,6 +26,8 @@ struct MxArgs {
   int64_t out_rows;
   __nv_bfloat16* zero_out;  // UP, optional
   int64_t zero_chunks;
+  const uint8_t* w2_scale;  // the fused pipeline's DOWN (its w_scale is UP's)
+  float* out_acc;           // the fused pipeline's fp32 split-K accumulator [out_rows, hidden]
 };
 
 inline MxArgs make_mx_args(const MxExpertProblem& p, bool up) {
@@ -41,6 +43,8 @@ inline MxArgs make_mx_args(const MxExpertProblem& p, bool up) {
   a.out = p.out, a.out_rows = p.out_rows;
   a.zero_out = up && p.zero_out ? p.out : nullptr;
   a.zero_chunks = up && p.zero_out ? p.out_rows * int64_t(p.hidden) / 8 : 0;
+  a.w2_scale = p.w2_scale;
+  a.out_acc = p.out_acc;
   return a;
 }
 

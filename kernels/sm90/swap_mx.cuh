@@ -1,5 +1,6 @@
-// The MXFP8 expert pipeline on sm_90a (issue 50), swap-AB form (the decode and small-batch path) and
-// tile form (MxForm::tile, the large-T path; the same math on 128-row tiles x 128 weight rows):
+// The MXFP8 expert pipeline on sm_90a (issue 50), swap-AB form (the small-batch path), its fused
+// pipeline (MxForm::fused, decode: fused_mx_kernel.cu, act requantized in shared memory, never in
+// HBM) and tile form (MxForm::tile, the large-T path; the same math on 128-row tiles x 128 weight rows):
 // E4M3 weights and tokens with E8M0 scales per 32 along K (epmoe/mxfp8.h), the k32 FP8 wgmma of the
 // kernel core with each block's partial promoted by its two scales, act requantized to MXFP8 in UP's
 // epilogue (so DOWN streams E4M3 act as well):
@@ -13,8 +14,10 @@
 //   x[x_rows]       packed MX rows of hidden (mx::packed_row_bytes(hidden) bytes each: the dispatch's)
 //   w1[E, 2 ffn, hidden] E4M3, w1_scale[E, 2 ffn, hidden / 32] E8M0
 //   w2[E, hidden, ffn] E4M3,   w2_scale[E, hidden, ffn / 32] E8M0
-//   act[rows_capacity] packed MX rows of ffn (workspace; rows past a half's real rows not written)
-//   out[out_rows, hidden] bf16: zeroed before DOWN (by the caller, or by UP with zero_out)
+//   act[rows_capacity] packed MX rows of ffn (workspace; rows past a half's real rows not written;
+//                   not written at all by the fused form)
+//   out[out_rows, hidden] bf16: zeroed before DOWN (by the caller, or by UP with zero_out); the fused
+//                   form writes every row (out = bf16(out_acc))
 // Requirements (Error(invalid_argument) otherwise): hidden % 128 == 0, ffn % 128 == 0, block128 scales
 // with the tile form only, the layout
 // as for the bf16 kernels (padded_offsets, pair_row with each segment's real rows first).
@@ -26,13 +29,11 @@
 
 #include "epmoe/fp8_block.h"
 #include "epmoe/mxfp8.h"
+#include "kernels/heuristics/mx_heuristics.h"
 
 namespace epmoe::kernels {
 
-// The kernels' form: swap-AB (weights in M, a half tile's real rows in N = 8 ... 64; decode) or the
-// tile form (tile_mx_kernel.cu: whole 128-row tiles against 128 weight rows; large T). The
-// heuristics tier picks it (kernels/heuristics/mx_heuristics.h).
-enum class MxForm : uint8_t { swap, tile };
+// The kernels' form (MxForm: swap-AB, fused, tile): kernels/heuristics/mx_heuristics.h.
 
 // The scale format of the operands (the element type is E4M3 in both):
 //   mx32: MXFP8 (epmoe/mxfp8.h), E8M0 scales per 32 along K: x / act packed MX rows,
@@ -63,16 +64,21 @@ struct MxExpertProblem {
   int64_t rows_capacity = 0;
   int experts = 0, hidden = 0, ffn = 0;
   bool zero_out = false;  // UP zeroes out[0, out_rows) itself (as ExpertProblem::zero_out)
+  // The fused form's fp32 accumulator [out_rows, hidden], all zero on entry and left all zero (its
+  // write-out re-zeroes it); it writes every row of out itself, so zero_out is not needed there.
+  float* out_acc = nullptr;
   MxForm form = MxForm::swap;
   Fp8Scales scales = Fp8Scales::mx32;
 };
 
-// Throws Error(invalid_argument) unless p meets the requirements above.
+// Throws Error(invalid_argument) unless p meets the requirements above (and, in the fused form, MX
+// scales and a 16-byte aligned out_acc).
 void check_mx_expert_problem(const MxExpertProblem& p, const char* who);
+// The split forms' kernels alone (the fused form has no separate UP or DOWN: Error(invalid_argument)).
 void sm90_mx_up_launch(const MxExpertProblem& p, cudaStream_t s);
 // With pdl, the programmatic dependent of the stream's previous kernel (UP): its W2 loads start early.
 void sm90_mx_down_launch(const MxExpertProblem& p, cudaStream_t s, bool pdl);
-// UP, then DOWN PDL-chained to it.
+// The layer's experts in p.form: UP, then DOWN PDL-chained to it; or the fused grid and its write-out.
 void sm90_mx_experts_launch(const MxExpertProblem& p, cudaStream_t s);
 
 }  // namespace epmoe::kernels

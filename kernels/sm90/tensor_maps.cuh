@@ -66,5 +66,9 @@ CUtensorMap make_w2_slice_map(const __nv_bfloat16* w2, int experts, int hidden, 
 // make_w1_swap_map; W2 [E, hidden, ffn]: dims {ffn, hidden, E}, box {128, box_rows, 1}.
 CUtensorMap make_w1_swap_map_e4m3(const uint8_t* w1, int experts, int hidden, int ffn);
 CUtensorMap make_w2_map_e4m3(const uint8_t* w2, int experts, int hidden, int ffn, int box_rows);
+// The fused MX pipeline's DOWN stage (fused_mx_kernel.cu): W2 E4M3 [E, hidden, ffn] as rank 3 {ffn,
+// hidden, E}, box {32, 256, 1} (one MX block of 256 rows), SWIZZLE_32B; coordinate {32 j, n0, e}, rows
+// past hidden read as 0.
+CUtensorMap make_w2_slice_map_e4m3(const uint8_t* w2, int experts, int hidden, int ffn);
 
 }  // namespace epmoe::kernels::sm90

@@ -90,6 +90,21 @@ inline constexpr uint32_t kMxSwapStagingBytes =
     kSwapRows * kMxUpStride * 4 > kSwapDownStagingBytes ? kSwapRows * kMxUpStride * 4 : kSwapDownStagingBytes;
 inline constexpr size_t kMxSwapSmemBytes = 1024 + size_t(kMxSwapStages) * (kMxSwapStageBytes + kMxScaleStageBytes) +
                                            kMxSwapStagingBytes;
+// The fused MX pipeline (fused_mx_kernel.cu): the MX swap-AB ring, items and UP; after UP an item's
+// act block [64 tokens][32] requantized to E4M3 (one MX block: 32 bytes per token, 32B-swizzled, DOWN's
+// B operand with K = 32) and its 64 scales stay in shared memory, and DOWN runs over the whole hidden,
+// 512 W2 rows x the item's 32 bytes per stage (two 256-row TMA boxes: the whole 16 KB stage) with the
+// rows' E8M0 scales of the item's block (one byte each: the stage's 512-byte scale slot), one
+// m64nNk32 wgmma per 64 rows, staged in fp32 for the reductions into out_acc (the bf16 fused's).
+inline constexpr int kFusedMxDownRows = 512;
+inline constexpr int kFusedMxBoxRows = 256;
+inline constexpr uint32_t kFusedMxBoxBytes = kFusedMxBoxRows * 32;          // 8 KB
+inline constexpr uint32_t kFusedMxActBytes = kSwapRows * 32;                // 2 KB
+inline constexpr uint32_t kFusedMxActScaleBytes = kSwapRows * 4;            // fp32 scale per token
+inline constexpr uint32_t kFusedMxStagingBytes =
+    kMxSwapStagingBytes > kFusedStagingBytes ? kMxSwapStagingBytes : kFusedStagingBytes;
+inline constexpr size_t kFusedMxSmemBytes = 1024 + size_t(kMxSwapStages) * (kMxSwapStageBytes + kMxScaleStageBytes) +
+                                            kFusedMxActBytes + kFusedMxActScaleBytes + kFusedMxStagingBytes;
 // The MX tile form (tile_mx_kernel.cu; the large-T MXFP8 path): an item is a whole 128-row layout
 // tile against 128 weight rows (two m64 warpgroups, N = 128 tokens each). A stage: weights 128 x 128
 // B, tokens 128 x 128 B, and beside them both row sets' 4 scale bytes. UP stages its 128 tokens x 64
@@ -156,6 +171,11 @@ static_assert(kSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the swap
 static_assert(kFusedSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the fused ring exceeds shared memory");
 static_assert(kMxSwapSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX swap-AB ring exceeds shared memory");
 static_assert(kMxSwapStageBytes % 1024 == 0 && kMxSwapATileBytes % 1024 == 0, "MX tiles must keep 1024 B alignment");
+static_assert(kFusedMxSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the fused MX ring exceeds shared memory");
+static_assert(kFusedMxDownRows * 32 == kMxSwapStageBytes && 2 * kFusedMxBoxRows == kFusedMxDownRows,
+              "a fused MX DOWN stage is two W2 boxes filling the stage");
+static_assert(kFusedMxDownRows == kMxScaleStageBytes, "a fused MX DOWN stage's row scales fill the scale slot");
+static_assert(kFusedMxActBytes % 1024 == 0, "the fused MX act tile keeps the 32B-swizzle atoms aligned");
 static_assert(kMxTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the MX tile ring exceeds shared memory");
 static_assert(kFp8bTileSmemBytes <= kMaxDynSmemBytes - kStaticSmemReserve, "the FP8 block-128 ring exceeds shared memory");
 static_assert(kFp8bDownStagingBytes % 16 == 0 && (kMxTileDownStride * 2) % 16 == 0,

@@ -8,7 +8,9 @@
 // L2 distance of the two outputs (the format's end-to-end error). Each point: 50 timed replays of the
 // layer's CUDA graph, each after a streaming read of 256 MB that evicts the L2 (so every replay streams
 // its weights from HBM as a decode step does), median; the first replays untimed. "mx up": the MX UP
-// kernel alone. "b128": the same layer in FP8 block-128 (epmoe/fp8_block.h: fp32 scales per 1 x 128 /
+// kernel alone (of the split form the tile rule picks: swap-AB or tile); "mx fused": the fused MX
+// pipeline (one grid + its bf16 write-out; act never in HBM); "form": the heuristics' form, whose time
+// is "mxfp8". "b128": the same layer in FP8 block-128 (epmoe/fp8_block.h: fp32 scales per 1 x 128 /
 // 128 x 128, the block-128 tile kernels; weights fp8b::quantize_weight, x fp8b::quantize_rows), its
 // floor the same bytes as MX's (E4M3 + 1/32 of scale bytes: 4 bytes per 128 of x, 4 per 128 x 128 of w),
 // "b128~bf16" its distance to the bf16 output.
@@ -20,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -62,8 +65,8 @@ T* zeros(size_t n) {
 struct Point {
   int E, k, H, F, T;
   double bf16_auto_us, bf16_swap_us, mx_us, mx_up_us, floor_bf16_us, floor_mx_us, mx_vs_bf16;
-  double mx_swap_us = 0, mx_tile_us = 0;  // both forms forced (mx_us: the heuristics' form)
-  bool mx_tile = false;
+  double mx_swap_us = 0, mx_tile_us = 0, mx_fused_us = 0;  // each form forced (mx_us: the heuristics' form)
+  const char* mx_form = "swap";
   std::string auto_plan;
   double b128_us = 0, b128_up_us = 0, b128_vs_bf16 = 0;  // FP8 block-128 (tile form), and its UP alone
 };
@@ -212,13 +215,17 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   m.w1 = W.q1, m.w1_scale = W.s1, m.w2 = W.q2, m.w2_scale = W.s2, m.act = m_act;
   m.out = reinterpret_cast<__nv_bfloat16*>(m_out), m.out_rows = T, m.rows_capacity = cap;
   m.experts = E, m.hidden = H, m.ffn = F, m.zero_out = true;
-  ek::MxExpertProblem m_swap = m, m_tile = m;
+  float* m_acc = zeros<float>(size_t(T) * H);  // the fused form's accumulator (left zero by each call)
+  m.out_acc = m_acc;
+  ek::MxExpertProblem m_swap = m, m_tile = m, m_fused = m, m_split = m;
   m_swap.form = ek::MxForm::swap;
   m_tile.form = ek::MxForm::tile;
-  const bool tile = ek::mx_tile_form_pays(int64_t(T) * k, E);  // the engine's rule
-  m.form = tile ? ek::MxForm::tile : ek::MxForm::swap;
+  m_fused.form = ek::MxForm::fused;
+  m.form = ek::choose_mx_form(int64_t(T) * k, E, std::nullopt, std::nullopt);  // the engine's rule
+  m_split.form = ek::mx_tile_form_pays(int64_t(T) * k, E) ? ek::MxForm::tile : ek::MxForm::swap;
   cudaGraphExec_t g_mx = capture(s, [&] { ek::sm90_mx_experts_launch(m, s); });
-  cudaGraphExec_t g_mx_up = capture(s, [&] { ek::sm90_mx_up_launch(m, s); });
+  cudaGraphExec_t g_mx_up = capture(s, [&] { ek::sm90_mx_up_launch(m_split, s); });
+  cudaGraphExec_t g_mx_fused = capture(s, [&] { ek::sm90_mx_experts_launch(m_fused, s); });
   cudaGraphExec_t g_mx_swap = capture(s, [&] { ek::sm90_mx_experts_launch(m_swap, s); });
   cudaGraphExec_t g_mx_tile = capture(s, [&] { ek::sm90_mx_experts_launch(m_tile, s); });
 
@@ -245,16 +252,17 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   cudaGraphExec_t g_b128 = capture(s, [&] { ek::sm90_mx_experts_launch(mb, s); });
   cudaGraphExec_t g_b128_up = capture(s, [&] { ek::sm90_mx_up_launch(mb, s); });
 
-  Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, false, epmoe::to_string(auto_plan)};
+  Point pt{E, k, H, F, T, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, "swap", epmoe::to_string(auto_plan)};
   pt.bf16_auto_us = time_graph(g_auto, s, evict, evict_bytes, 50);
   pt.bf16_swap_us = time_graph(g_swap, s, evict, evict_bytes, 50);
   pt.mx_up_us = time_graph(g_mx_up, s, evict, evict_bytes, 50);
   pt.mx_swap_us = time_graph(g_mx_swap, s, evict, evict_bytes, 50);
   pt.mx_tile_us = time_graph(g_mx_tile, s, evict, evict_bytes, 50);
+  pt.mx_fused_us = time_graph(g_mx_fused, s, evict, evict_bytes, 50);
   pt.b128_up_us = time_graph(g_b128_up, s, evict, evict_bytes, 50);
   pt.b128_us = time_graph(g_b128, s, evict, evict_bytes, 50);
   pt.mx_us = time_graph(g_mx, s, evict, evict_bytes, 50);  // (last: m_out holds its result below)
-  pt.mx_tile = tile;
+  pt.mx_form = m.form == ek::MxForm::tile ? "tile" : m.form == ek::MxForm::fused ? "fused" : "swap";
   const double wbytes = 3.0 * double(H) * double(F) * touched;
   pt.floor_bf16_us = wbytes * 2 / (hbm_tbs * 1e12) * 1e6;
   pt.floor_mx_us = wbytes * (1.0 + 1.0 / 32) / (hbm_tbs * 1e12) * 1e6;
@@ -273,8 +281,9 @@ Point run_point(const Weights& W, int k, int T, double hbm_tbs, void* evict, siz
   };
   pt.mx_vs_bf16 = distance(ym);
   pt.b128_vs_bf16 = distance(yq);
-  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile, g_b128, g_b128_up}) cudaGraphExecDestroy(g);
-  for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out, b_x,
+  for (cudaGraphExec_t g : {g_auto, g_swap, g_mx, g_mx_up, g_mx_swap, g_mx_tile, g_mx_fused, g_b128, g_b128_up})
+    cudaGraphExecDestroy(g);
+  for (void* q : std::initializer_list<void*>{d_off, d_row, d_wt, d_x, d_act, d_out, d_acc, m_x, m_act, m_out, m_acc, b_x,
                                               b_act, b_out})
     cudaFree(q);
   return pt;
@@ -322,9 +331,9 @@ int main(int argc, char** argv) {
   void* evict = zeros<uint8_t>(evict_bytes);
   const double hbm = epmoe::bench::hbm_read_tbs(s, {{evict, evict_bytes}});
   std::printf("# epmoe_bench_mxfp8: HBM read %.2f TB/s (256 MB streamed); µs = median of 50 graph replays, L2 evicted\n", hbm);
-  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s %8s %9s %9s %8s  %s\n", "E", "k",
+  std::printf("# %4s %2s %5s %5s %5s %10s %10s %10s %5s %8s %8s %8s %9s %9s %9s %9s %8s %8s %9s %9s %8s %8s  %s\n", "E", "k",
               "H", "F", "T", "bf16 auto", "bf16 swap", "mxfp8", "form", "mx swap", "mx tile", "mx up", "floor16", "floor8",
-              "auto/mx", "mx/flr8", "mx~bf16", "b128", "auto/b128", "b128~bf16", "b128 up", "auto plan");
+              "auto/mx", "mx/flr8", "mx~bf16", "b128", "auto/b128", "b128~bf16", "b128 up", "mx fused", "auto plan");
   std::vector<Point> pts;
   std::stringstream ss(shapes);
   std::string sh;
@@ -338,10 +347,11 @@ int main(int argc, char** argv) {
     for (int T : parse_ints(tokens, ',')) {
       const Point p = run_point(W, d[1], T, hbm, evict, evict_bytes, s);
       std::printf(
-          "  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f %8.1f %9.2f %9.4f %8.1f  %s\n",
-          p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_tile ? "tile" : "swap", p.mx_swap_us,
+          "  %4d %2d %5d %5d %5d %10.1f %10.1f %10.1f %5s %8.1f %8.1f %8.1f %9.1f %9.1f %9.2f %9.2f %8.4f %8.1f %9.2f %9.4f %8.1f %8.1f  %s\n",
+          p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_form, p.mx_swap_us,
           p.mx_tile_us, p.mx_up_us, p.floor_bf16_us, p.floor_mx_us, p.bf16_auto_us / p.mx_us, p.mx_us / p.floor_mx_us,
-          p.mx_vs_bf16, p.b128_us, p.bf16_auto_us / p.b128_us, p.b128_vs_bf16, p.b128_up_us, p.auto_plan.c_str());
+          p.mx_vs_bf16, p.b128_us, p.bf16_auto_us / p.b128_us, p.b128_vs_bf16, p.b128_up_us, p.mx_fused_us,
+          p.auto_plan.c_str());
       std::fflush(stdout);
       pts.push_back(p);
     }
@@ -360,10 +370,11 @@ int main(int argc, char** argv) {
                    "%s{\"E\": %d, \"k\": %d, \"hidden\": %d, \"ffn\": %d, \"T\": %d, \"bf16_auto_us\": %.3f, "
                    "\"bf16_swap_us\": %.3f, \"mxfp8_us\": %.3f, \"mxfp8_up_us\": %.3f, \"floor_bf16_us\": %.3f, \"floor_mxfp8_us\": %.3f, "
                    "\"mx_vs_bf16_rel_l2\": %.5f, \"auto_plan\": \"%s\", \"mx_form\": \"%s\", \"mxfp8_swap_us\": %.3f, "
-                   "\"mxfp8_tile_us\": %.3f, \"fp8_block_us\": %.3f, \"fp8_block_vs_bf16_rel_l2\": %.5f, \"fp8_block_up_us\": %.3f}",
+                   "\"mxfp8_tile_us\": %.3f, \"mxfp8_fused_us\": %.3f, \"fp8_block_us\": %.3f, \"fp8_block_vs_bf16_rel_l2\": %.5f, "
+                   "\"fp8_block_up_us\": %.3f}",
                    i ? ", " : "", p.E, p.k, p.H, p.F, p.T, p.bf16_auto_us, p.bf16_swap_us, p.mx_us, p.mx_up_us,
-                   p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str(), p.mx_tile ? "tile" : "swap",
-                   p.mx_swap_us, p.mx_tile_us, p.b128_us, p.b128_vs_bf16, p.b128_up_us);
+                   p.floor_bf16_us, p.floor_mx_us, p.mx_vs_bf16, p.auto_plan.c_str(), p.mx_form,
+                   p.mx_swap_us, p.mx_tile_us, p.mx_fused_us, p.b128_us, p.b128_vs_bf16, p.b128_up_us);
     }
     std::fprintf(f, "]}\n");
     std::fclose(f);

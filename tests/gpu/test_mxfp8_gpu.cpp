@@ -1,5 +1,6 @@
 // The FP8 layers on one GPU (issue 50): MoeLayer with e4m3 weights and e8m0 scales on cuda (the sm_90
-// MX kernels in the heuristics' form and in both forms forced with sm90_plan swap=on|off, x quantized
+// MX kernels in the heuristics' form and in each form forced with sm90_plan swap=on|off and
+// fused=on (the fused pipeline: y also within a few bf16 roundings of the split swap-AB form's), x quantized
 // at the source by the dispatch's pack) against reference_moe_mxfp8, and with fp32 block-128 scales
 // (the block-128 tile kernels) against reference_moe_fp8_block:
 // the fp64 reference on the dequantized operands with act requantized by the host quantizer, for
@@ -138,9 +139,10 @@ void run_case(int E, int k, int H, int F, int64_t T, RoutingKind kind, bool bloc
   m.reference(x, R, T, ref.data());
   cudaStream_t s;
   ck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
-  // The heuristics' form, swap-AB, the tile form (block-128: its one form, also asked for).
+  // The heuristics' form, swap-AB, the tile form, the fused form (block-128: its one form, also asked for).
   const std::vector<const char*> forms = block ? std::vector<const char*>{"", "swap=off"}
-                                               : std::vector<const char*>{"", "swap=on", "swap=off"};
+                                               : std::vector<const char*>{"", "swap=on", "swap=off", "fused=on"};
+  std::vector<bf16> y_swap;
   for (const char* form : forms) {
     LayerOptions opt;
     opt.sm90_plan = parse_sm90_plan_override(form);
@@ -153,6 +155,25 @@ void run_case(int E, int k, int H, int F, int64_t T, RoutingKind kind, bool bloc
       ck(cudaStreamSynchronize(s), "sync");
       const std::vector<bf16> y = v.y.host();
       EXPECT_TRUE(close_to_reference(y.data(), ref.data(), T, H, kMxGpuTolerance)) << "form '" << form << "' call " << rep;
+      if (std::string(form) == "swap=on") y_swap = y;
+      // The fused form computes act bit for bit as the split swap-AB UP (the same k loop and
+      // quantizer) and sums its ffn / 32 promoted blocks in fp32 before one bf16 rounding, where the
+      // split DOWN rounds each pair's row to bf16 and reduces the k rows in bf16: k + 1 roundings of
+      // 2^-9 of values up to a few times the element (partial sums may cancel), so each element
+      // within 2^-7 (k + 1) of max(|y|, RMS); a wrong row, column, scale or weight in the fused DOWN
+      // moves elements by a large part of their value.
+      if (std::string(form) == "fused=on" && !y_swap.empty()) {
+        double ss = 0;
+        for (const bf16& b : y_swap) ss += double(b.f()) * b.f();
+        const double rms = std::sqrt(ss / double(std::max<size_t>(y_swap.size(), 1)));
+        int64_t far = 0;
+        for (size_t i = 0; i < y.size(); ++i)
+          far += std::fabs(double(y[i].f()) - y_swap[i].f()) > std::ldexp(std::max<double>(std::fabs(y_swap[i].f()), rms), -7) * (k + 1)
+                     ? 1
+                     : 0;
+        EXPECT_EQ(far, 0) << "fused y elements farther from the split swap-AB form's than " << k + 1
+                          << " bf16 roundings";
+      }
     }
     const ForwardStats& st = layer.last_stats();
     const int64_t row_bytes = block ? fp8b::packed_row_bytes(H) : mx::packed_row_bytes(H);
@@ -251,17 +272,30 @@ TEST_F(Mxfp8Gpu, XGivenInTheFormat) {
   }
 }
 
-// A block-128 layer has one form (swap=on is refused at construction), and bind_weights keeps a
-// layer's format (MXFP8 into a block-128 layer and back: invalid_argument).
+// A block-128 layer has one form (swap=on and fused=on are refused at construction), an MXFP8 layer
+// no fused tile form (fused=on with swap=off), and bind_weights keeps a layer's format (MXFP8 into a
+// block-128 layer and back: invalid_argument).
 TEST_F(Mxfp8Gpu, Fp8BlockRefusesTheSwapFormAndOtherFormats) {
   const MxModel b(8, 2, 256, 128, 11, true), x(8, 2, 256, 128, 11, false);
-  LayerOptions opt;
-  opt.sm90_plan = parse_sm90_plan_override("swap=on");
-  try {
-    MoeLayer layer(b.cfg, b.weights(), single_comm(), opt);
-    ADD_FAILURE() << "swap=on was taken by a block-128 layer";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+  for (const char* form : {"swap=on", "fused=on"}) {
+    LayerOptions opt;
+    opt.sm90_plan = parse_sm90_plan_override(form);
+    try {
+      MoeLayer layer(b.cfg, b.weights(), single_comm(), opt);
+      ADD_FAILURE() << form << " was taken by a block-128 layer";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+    }
+  }
+  {
+    LayerOptions opt;
+    opt.sm90_plan = parse_sm90_plan_override("fused=on,swap=off");
+    try {
+      MoeLayer layer(x.cfg, x.weights(), single_comm(), opt);
+      ADD_FAILURE() << "fused=on with swap=off was taken by an MXFP8 layer";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+    }
   }
   MoeLayer blk(b.cfg, b.weights(), single_comm());
   MoeLayer mxl(x.cfg, x.weights(), single_comm());
@@ -277,7 +311,7 @@ TEST_F(Mxfp8Gpu, RefusesWhatItDoesNotRun) {
     if (which == 0) opt.expert_path = ExpertPath::cublas;
     if (which == 1) opt.max_tokens_per_rank = 64;
     if (which == 2) opt.deterministic = true;
-    if (which == 3) opt.sm90_plan = parse_sm90_plan_override("up=single");  // (only swap=on|off applies)
+    if (which == 3) opt.sm90_plan = parse_sm90_plan_override("up=single");  // (only swap= and fused= apply)
     try {
       MoeLayer layer(m.cfg, m.weights(), single_comm(), opt);
       ADD_FAILURE() << "option set " << which << " was taken";

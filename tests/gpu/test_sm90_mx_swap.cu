@@ -1,5 +1,5 @@
-// The MX expert pipeline (kernels/sm90/swap_mx.cuh; issue 50), swap-AB and tile forms, against a host
-// reference on the dequantized operands:
+// The MX expert pipeline (kernels/sm90/swap_mx.cuh; issue 50), swap-AB, tile and fused forms, against a
+// host reference on the dequantized operands:
 //   v = silu(x . w1_gate) * (x . w1_up) in fp64 over the dequantized x and w1, act = MX(v) by the
 //   host quantizer (mx::quantize_rows), y[token] = sum over its pairs of weight * (act . w2) in fp64.
 // Checks, per case:
@@ -9,6 +9,8 @@
 //     past 448 X of the OCP scale rule) of a value within the GPU's stated error of the exact v (the
 //     fp32 sums of the tensor cores' ~14-bit k32 blocks, and the tanh form of silu: see slack);
 //     how many codes differ from the host quantizer's is printed;
+//   - the fused form: act never written (its buffer keeps its poison: act stays in shared memory),
+//     y against the reference on the host quantizer's act, and its fp32 accumulator left all zero;
 //   - y: relative L2 error <= 1e-2 over the whole output and <= 3e-2 for every token with output
 //     (the issue's accuracy target; what is expected is the bf16 rounding of each pair's row and of
 //     the k reductions, ~2^-9 k, plus act elements one code apart), rows without pairs exactly 0 (out
@@ -100,6 +102,8 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
   Dev<float> d_wt(pair_weight);
   Dev<uint8_t> d_act(size_t(cap * arb), 0xA5);
   Dev<uint16_t> d_out(size_t(std::max(T, 1)) * H, 0x7F);  // bf16 poison 0x7F7F (~3.4e38)
+  const bool fused = form == epmoe::kernels::MxForm::fused;
+  Dev<float> d_acc(size_t(std::max(T, 1)) * H, 0);  // the fused form's accumulator: zero on entry
   epmoe::kernels::MxExpertProblem p;
   p.x = d_x.p, p.x_rows = std::max(T, 1);
   p.padded_offsets = d_off.p, p.pair_row = d_row.p, p.pair_weight = d_wt.p;
@@ -109,12 +113,21 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
   p.rows_capacity = cap, p.experts = E, p.hidden = H, p.ffn = F;
   p.zero_out = true;
   p.form = form;
-  SCOPED_TRACE(form == epmoe::kernels::MxForm::tile ? "tile form" : "swap-AB form");
+  if (fused) p.out_acc = d_acc.p;
+  const char* form_name = form == epmoe::kernels::MxForm::tile ? "tile" : fused ? "fused" : "swap";
+  SCOPED_TRACE(std::string(form_name) + " form");
   epmoe::kernels::sm90_mx_experts_launch(p, nullptr);
   EPMOE_CUDA_CHECK(cudaGetLastError());
   EPMOE_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<uint8_t> act = d_act.get(size_t(cap * arb));
   const std::vector<uint16_t> out = d_out.get(size_t(std::max(T, 1)) * H);
+  if (fused) {
+    const std::vector<float> acc = d_acc.get(size_t(std::max(T, 1)) * H);
+    EXPECT_EQ(std::count_if(act.begin(), act.end(), [](uint8_t b) { return b != 0xA5; }), 0)
+        << "the fused form wrote act to global memory";
+    EXPECT_EQ(std::count_if(acc.begin(), acc.end(), [](float f) { return f != 0.0f; }), 0)
+        << "the fused form left its accumulator non-zero";
+  }
 
   // Reference, and the act checks row by row.
   std::vector<double> y(size_t(T) * H, 0.0);
@@ -123,6 +136,15 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
   std::vector<double> vd(static_cast<size_t>(F)), slack(static_cast<size_t>(F));
   std::vector<uint8_t> hq(static_cast<size_t>(F)), hs(static_cast<size_t>(F / 32));
   std::vector<float> adeq(static_cast<size_t>(F));
+  // y[t] += wt * (adeq . w2[e, h, :]) for every h: one pair's DOWN in fp64.
+  auto add_down = [&](int t, int e, double wt) {
+    for (int h = 0; h < H; ++h) {
+      const double* w = &w2.deq[(size_t(e) * H + size_t(h)) * F];
+      double s = 0;
+      for (int f = 0; f < F; ++f) s += double(adeq[size_t(f)]) * w[f];
+      y[size_t(t) * H + size_t(h)] += wt * s;
+    }
+  };
   for (int e = 0; e < E; ++e)
     for (size_t i = 0; i < seg[size_t(e)].size(); ++i) {
       const int t = seg[size_t(e)][i].first;
@@ -146,6 +168,11 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
         slack[size_t(f)] = 1.1 * dg * (std::fabs(su) + du) + std::fabs(silu) * du + std::ldexp(std::fabs(sg * su), -16);
       }
       mx::quantize_rows(v.data(), 1, F, hq.data(), hs.data());
+      if (fused) {  // no act to check: DOWN from the host quantizer's act
+        mx::dequantize_rows(hq.data(), hs.data(), 1, F, adeq.data());
+        add_down(t, e, seg[size_t(e)][i].second);
+        continue;
+      }
       const uint8_t* ar = &act[size_t(r * arb)];
       for (int b = 0; b < F / 32; ++b)
         if (std::abs(int(ar[F + b]) - int(hs[size_t(b)])) > 1) ++scale_far;
@@ -169,13 +196,7 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
       }
       // DOWN from the GPU's act (the act checks above bound how far it is from the host's).
       mx::dequantize_rows(ar, ar + F, 1, F, adeq.data());
-      const double wt = seg[size_t(e)][i].second;
-      for (int h = 0; h < H; ++h) {
-        const double* w = &w2.deq[(size_t(e) * H + size_t(h)) * F];
-        double s = 0;
-        for (int f = 0; f < F; ++f) s += double(adeq[size_t(f)]) * w[f];
-        y[size_t(t) * H + size_t(h)] += wt * s;
-      }
+      add_down(t, e, seg[size_t(e)][i].second);
     }
   EXPECT_EQ(scale_far, 0) << "act scales more than one code from the host quantizer's";
   EXPECT_EQ(code_far, 0) << "act elements outside their format's rounding of the exact v";
@@ -183,15 +204,17 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
   const epmoe::test::fp8k::OutputError err = check_output(out, y, S, T, H);
   const double rel = err.rel, worst_token = err.worst_token;
   std::printf("[mx %s] %s: E=%d %d/%d T=%d k=%d: y rel L2 %.3g (worst token %.3g); act codes differing %lld of %lld\n",
-              form == epmoe::kernels::MxForm::tile ? "tile" : "swap", c.name.c_str(), E, H, F, T, c.k, rel, worst_token,
+              form_name, c.name.c_str(), E, H, F, T, c.k, rel, worst_token,
               (long long)code_diff, (long long)codes);
 }
 
-// Every case in both forms: swap-AB (half tiles, N <= 64) and the tile form (128 x 128 items).
+// Every case in every form: swap-AB (half tiles, N <= 64), the tile form (128 x 128 items) and the
+// fused pipeline (the swap-AB items, DOWN in the same grid).
 void run_case(const Case& c) {
   if (!sm90_here()) GTEST_SKIP() << "needs a compute capability 9.0 device and an sm_90a build";
   run_case_form(c, epmoe::kernels::MxForm::swap);
   run_case_form(c, epmoe::kernels::MxForm::tile);
+  run_case_form(c, epmoe::kernels::MxForm::fused);
 }
 
 TEST(Sm90MxSwap, DecodeOneToken) { run_case({"decode T=1", 8, 2048, 1024, 1, 4, Case::uniform}); }
@@ -201,6 +224,8 @@ TEST(Sm90MxSwap, OneExpertHoldsSixtyFourRows) { run_case({"64 rows in one expert
 TEST(Sm90MxSwap, OneExpertHoldsSixtyFiveRows) { run_case({"65 rows in one expert", 4, 2048, 1024, 65, 1, Case::one_expert}); }
 TEST(Sm90MxSwap, SeveralTilesPerExpert) { run_case({"T=300 k=2", 4, 1024, 512, 300, 2, Case::uniform}); }
 TEST(Sm90MxSwap, SmallestShape) { run_case({"256/128", 4, 256, 128, 40, 2, Case::uniform}); }
+// hidden 640: the fused DOWN's last stage holds one 256-row box, half of it past hidden.
+TEST(Sm90MxSwap, HiddenNotAMultipleOfFiveTwelve) { run_case({"640/256", 4, 640, 256, 20, 2, Case::uniform}); }
 TEST(Sm90MxSwap, WideBlockScales) { run_case({"scales 2^+-12", 8, 512, 256, 24, 2, Case::uniform, 12}); }
 
 TEST(Sm90MxSwap, RejectsShapesAndPointersItCannotTake) {

@@ -43,6 +43,14 @@ __device__ __forceinline__ uint64_t smem_desc_sw64(uint32_t saddr) {
   const uint32_t lo = ((saddr & 0x3FFFFu) >> 4) | (1u << 16);
   return (uint64_t((512u >> 4) | (2u << 30)) << 32) | lo;
 }
+// K-major, 32B swizzle (rows of 32 bytes: one k32 block of E4M3, 8-row atoms of 256 B, 256-aligned):
+// the fused MX pipeline's DOWN operands, whose K is one MX block of act columns. Leading offset unused
+// (1), stride offset 256 B, layout 3 = SWIZZLE_32B. The 16-byte chunk c of row r sits at chunk
+// c ^ ((r / 4) % 2) (TMA's SWIZZLE_32B).
+__device__ __forceinline__ uint64_t smem_desc_sw32(uint32_t saddr) {
+  const uint32_t lo = ((saddr & 0x3FFFFu) >> 4) | (1u << 16);
+  return (uint64_t((256u >> 4) | (3u << 30)) << 32) | lo;
+}
 inline constexpr uint32_t kMnBlockBytes = 64 * kBK * 2;   // one TMA box of 64 MN x 64 K elements
 inline constexpr uint32_t kMnMajorK16Step = 2048u >> 4;  // descriptor units per k16 step (MN-major)
 inline constexpr uint32_t kKMajorK16Step = 32u >> 4;     // (K-major)
