@@ -203,10 +203,10 @@ CUtensorMap make_w2_slice_map_e4m3(const uint8_t* w2, int experts, int hidden, i
   const cuuint64_t dims[3] = {F, H, cuuint64_t(experts)};
   const cuuint64_t strides[2] = {F, H * F};
   const cuuint32_t box[3] = {32, 256, 1};
-  // 32 B per row: a 128-byte L2 promotion brings the row's three neighbouring blocks, which the
-  // expert's other items (the other CTAs of the same tile, all in flight at decode) read next.
+  // 32 B per row: no L2 promotion, as the bf16 slice map (a promotion that fetched the rows' other
+  // item blocks measured 1.19x slower there: docs/DECISIONS.md).
   return encode(w2, 3, dims, strides, box, "e4m3 w2 slice map", CU_TENSOR_MAP_SWIZZLE_32B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_DATA_TYPE_UINT8);
+                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_DATA_TYPE_UINT8);
 }
 
 }  // namespace epmoe::kernels::sm90
