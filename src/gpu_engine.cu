@@ -75,8 +75,6 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
     EPMOE_CHECK(!(w.fp8_block() && (opt.sm90_plan.swap_ab.value_or(false) || opt.sm90_plan.fused.value_or(false))),
                 ErrorCode::unsupported,
                 "an FP8 block-128 layer runs the tile form only: sm90_plan swap=on / fused=on have no block-128 kernel");
-    EPMOE_CHECK(!(opt.sm90_plan.fused.value_or(false) && !opt.sm90_plan.swap_ab.value_or(true)), ErrorCode::unsupported,
-                "sm90_plan fused=on with swap=off: the fused MX pipeline is built in the swap-AB form");
     Sm90PlanOverride rest = opt.sm90_plan;  // an FP8 layer reads only the form (swap=, fused=) of a plan
     rest.swap_ab.reset();
     rest.fused.reset();

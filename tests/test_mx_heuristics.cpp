@@ -25,10 +25,10 @@ TEST(MxHeuristics, TileFormFromSixtyFourRowsPerExpert) {
                                                                               << " experts";
 }
 
-// The MXFP8 layer's form with the fused pipeline and the overrides (choose_mx_form): the fused form at
-// decode (at most kMxFusedMaxPairsPerExpert pairs per local expert on average), split swap-AB above it,
-// the tile form from 64 rows per expert; fused=on forces the fused form, fused=off keeps the rule's
-// split choice, swap=on|off the split forms.
+// The MXFP8 layer's form with the fused pipeline and the overrides (choose_mx_form), golden rows at the
+// benchmark shapes: the fused form up to a quarter pair per local expert (E=32 k=4: T <= 2; E=128 k=8:
+// T <= 4), split swap-AB above it, the tile form from 64 rows per expert; fused=on forces the fused
+// form, fused=off keeps the rule's split choice, swap=on|off the split forms.
 TEST(MxHeuristics, FormsWithTheFusedPipelineAndOverrides) {
   using epmoe::kernels::choose_mx_form;
   using epmoe::kernels::MxForm;
@@ -37,11 +37,11 @@ TEST(MxHeuristics, FormsWithTheFusedPipelineAndOverrides) {
     int experts;
     MxForm form;
   };
-  const int64_t f = epmoe::kernels::kMxFusedMaxPairsPerExpert;
-  const Row rows[] = {{0, 32, MxForm::swap},          {4, 32, MxForm::fused},      {32 * f, 32, MxForm::fused},
-                      {32 * f + 1, 32, MxForm::swap}, {512, 32, MxForm::swap},     {2048, 32, MxForm::tile},
-                      {8, 128, MxForm::fused},        {1024, 128, MxForm::swap},   {8192, 128, MxForm::tile},
-                      {5, 0, MxForm::swap}};
+  const Row rows[] = {{0, 32, MxForm::swap},     {4, 32, MxForm::fused},     {8, 32, MxForm::fused},
+                      {9, 32, MxForm::swap},     {16, 32, MxForm::swap},     {512, 32, MxForm::swap},
+                      {2048, 32, MxForm::tile},  {8, 128, MxForm::fused},    {32, 128, MxForm::fused},
+                      {33, 128, MxForm::swap},   {64, 128, MxForm::swap},    {8192, 128, MxForm::tile},
+                      {1, 3, MxForm::swap},      {1, 4, MxForm::fused},      {5, 0, MxForm::swap}};
   for (const Row& r : rows) {
     EXPECT_EQ(choose_mx_form(r.pairs, r.experts, std::nullopt, std::nullopt), r.form) << r.pairs << " pairs, " << r.experts;
     EXPECT_EQ(choose_mx_form(r.pairs, r.experts, std::nullopt, true), MxForm::fused);

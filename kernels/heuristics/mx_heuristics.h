@@ -25,13 +25,15 @@ inline bool mx_tile_form_pays(int64_t pairs, int experts) {
 
 // The fused pipeline saves the split form's second launch, its PDL hand-over and act's round trip
 // through HBM, and pays ffn / 32 fp32 reductions per pair and output element (the split DOWN: one bf16
-// reduction per pair) plus the write-out pass over out. So fused while the pairs are few: at most
-// kMxFusedMaxPairsPerExpert per local expert on average (epmoe_bench_mxfp8, issue 50: fused against
-// swap-AB at T = 1 ... 128 on E=32 k=4 2048/1024 and E=128 k=8 2048/768).
-inline constexpr int64_t kMxFusedMaxPairsPerExpert = 1;
+// reduction per pair) plus the write-out pass over out. So fused while the pairs are few: at most one
+// per kMxFusedExpertsPerPair local experts. Measured (epmoe_bench_mxfp8 on an H200, 7b970aa; fused /
+// split swap-AB time): E=32 k=4 2048/1024 T=1 0.88, T=2 0.94 | T=4 1.03, T=8 1.11; E=128 k=8 2048/768
+// T=1 0.94, T=2 0.91, T=4 0.98 | T=8 1.05, T=16 1.10 - the crossover sits between a quarter and a half
+// pair per expert at both shapes.
+inline constexpr int64_t kMxFusedExpertsPerPair = 4;
 
 inline bool mx_fused_form_pays(int64_t pairs, int experts) {
-  return experts > 0 && pairs > 0 && pairs <= kMxFusedMaxPairsPerExpert * int64_t(experts);
+  return experts > 0 && pairs > 0 && pairs * kMxFusedExpertsPerPair <= int64_t(experts);
 }
 
 // The MX (per-32) layer's form for `pairs` routed pairs over `experts` local experts, the caller's

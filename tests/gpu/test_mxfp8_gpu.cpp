@@ -272,9 +272,10 @@ TEST_F(Mxfp8Gpu, XGivenInTheFormat) {
   }
 }
 
-// A block-128 layer has one form (swap=on and fused=on are refused at construction), an MXFP8 layer
-// no fused tile form (fused=on with swap=off), and bind_weights keeps a layer's format (MXFP8 into a
-// block-128 layer and back: invalid_argument).
+// A block-128 layer has one form (swap=on and fused=on are refused at construction: unsupported), an
+// MXFP8 layer no fused tile form (fused=on with swap=off: the plan override's own check, as for bf16
+// layers, invalid_argument), and bind_weights keeps a layer's format (MXFP8 into a block-128 layer
+// and back: invalid_argument).
 TEST_F(Mxfp8Gpu, Fp8BlockRefusesTheSwapFormAndOtherFormats) {
   const MxModel b(8, 2, 256, 128, 11, true), x(8, 2, 256, 128, 11, false);
   for (const char* form : {"swap=on", "fused=on"}) {
@@ -294,7 +295,8 @@ TEST_F(Mxfp8Gpu, Fp8BlockRefusesTheSwapFormAndOtherFormats) {
       MoeLayer layer(x.cfg, x.weights(), single_comm(), opt);
       ADD_FAILURE() << "fused=on with swap=off was taken by an MXFP8 layer";
     } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
+      EXPECT_EQ(e.code(), ErrorCode::invalid_argument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("swap=on"), std::string::npos) << e.what();
     }
   }
   MoeLayer blk(b.cfg, b.weights(), single_comm());
