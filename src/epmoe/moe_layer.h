@@ -27,10 +27,10 @@ namespace epmoe {
 // block-128 (epmoe/fp8_block.h: e4m3 with fp32 scales per 128 x 128 block). An FP8 layer quantizes x
 // on the fly and requantizes the activation before DOWN, in its format; it is forward-only (a saving
 // forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 FP8 kernels: MXFP8 in
-// the swap-AB or tile form by the heuristics tier, block-128 in its tile form (hidden and ffn
+// the fused, swap-AB or tile form by the heuristics tier, block-128 in its tile form (hidden and ffn
 // multiples of 128; no capturable forward or deterministic mode; of an sm90_plan override only
-// swap=on|off, the form, and block-128 refuses swap=on); forward_mxfp8 takes x given in MXFP8 on
-// either engine.
+// swap=on|off and fused=on|off, the form, and block-128 refuses swap=on and fused=on); forward_mxfp8
+// takes x given in MXFP8 on either engine.
 struct ExpertWeights {
   TensorView w1;        // bf16 or e4m3 [E_local, 2*ffn, hidden]
   TensorView w2;        // bf16 or e4m3 [E_local, hidden, ffn]
