@@ -1,5 +1,5 @@
 // The heuristics tier's rule for the FP8 layers' kernel form (kernels/sm90/swap_mx.cuh), plain C++
-// (its golden rows in tests/test_sm90_heuristics.cpp run without CUDA).
+// (its golden rows in tests/test_mx_heuristics.cpp run without CUDA).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -1,6 +1,6 @@
 // The FP8 kernels' arguments (swap_mx_kernel.cu: MX swap-AB form; fused_mx_kernel.cu: MX fused form;
-// tile_mx_kernel.cu: MX tile form; tile_fp8b_kernel.cu: block-128 tile form), how their launchers fill them from an MxExpertProblem, and
-// the tile forms' work item.
+// tile_mx_kernel.cu: MX tile form; tile_fp8b_kernel.cu: block-128 tile form), how their launchers fill
+// them from an MxExpertProblem, and the tile forms' work item.
 #pragma once
 #include <cuda_bf16.h>
 
