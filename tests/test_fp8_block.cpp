@@ -229,18 +229,8 @@ void block_layer_case(const BlockRun& c) {
     const MoeConfig cfg{.num_experts = c.E, .top_k = c.k, .hidden = c.H, .ffn = c.F, .world_size = c.W, .rank = r};
     LayerOptions opt;
     opt.on_receive = [&, r](const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank) {
-      const int64_t bytes = fp8b::packed_row_bytes(c.H);
-      std::vector<uint8_t> want(static_cast<size_t>(bytes));
-      int64_t i = 0, bad = 0;
-      for (int s = 0; s < c.W; ++s) {
-        const std::vector<bf16> xs = make_x(6100, s, c.T, c.H);
-        for (int64_t n = 0; n < per_rank[size_t(s)]; ++n, ++i) {
-          const int32_t t = meta[i * (1 + 2 * c.k)];
-          fp8b::quantize_packed_row(xs.data() + int64_t(t) * c.H, c.H, want.data());
-          bad += std::memcmp(static_cast<const uint8_t*>(rows) + i * bytes, want.data(), size_t(bytes)) != 0;
-        }
-      }
-      bad_rows[size_t(r)] = bad;
+      bad_rows[size_t(r)] = count_mismatched_rows(rows, meta, per_rank, c.k, 6100, c.T, c.H, fp8b::packed_row_bytes(c.H),
+                                                  fp8b::quantize_packed_row);
     };
     MoeLayer layer(cfg, shard(q, c.E, c.H, c.F, c.W, r), std::move(comm), opt);
     const std::vector<bf16> x = make_x(6100, r, c.T, c.H);

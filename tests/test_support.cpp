@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 
@@ -37,6 +38,22 @@ std::vector<bf16> make_x(uint64_t seed, int rank, int64_t T, int hidden) {
   for (int64_t t = 0; t < T; ++t)
     for (int c = 0; c < hidden; ++c) x[size_t(t) * hidden + c] = x_value(seed, rank, t, c);
   return x;
+}
+
+int64_t count_mismatched_rows(const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank,
+                              int top_k, uint64_t x_seed, int64_t T, int hidden, int64_t row_bytes,
+                              const QuantizeRow& quantize_row) {
+  std::vector<uint8_t> want(static_cast<size_t>(row_bytes));
+  int64_t i = 0, bad = 0;
+  for (int s = 0; s < static_cast<int>(per_rank.size()); ++s) {
+    const std::vector<bf16> xs = make_x(x_seed, s, T, hidden);
+    for (int64_t n = 0; n < per_rank[size_t(s)]; ++n, ++i) {
+      const int32_t t = meta[i * (1 + 2 * top_k)];
+      quantize_row(xs.data() + int64_t(t) * hidden, hidden, want.data());
+      bad += std::memcmp(static_cast<const uint8_t*>(rows) + i * row_bytes, want.data(), size_t(row_bytes)) != 0;
+    }
+  }
+  return bad;
 }
 
 std::vector<bf16> random_bf16(size_t n, uint64_t seed, float scale) {

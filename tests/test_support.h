@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,15 @@ float normal(uint64_t h);     // ~N(0, 1)
 bf16 x_value(uint64_t seed, int rank, int64_t token, int col);
 std::vector<bf16> make_x(uint64_t seed, int rank, int64_t T, int hidden);
 std::vector<bf16> random_bf16(size_t n, uint64_t seed, float scale);
+
+// A quantized layer's dispatch sends each row as the packed quantization of its source token's x
+// (make_x(x_seed, source rank, T, hidden)): how many of the received `rows` (row_bytes each, in
+// source-rank order, per_rank[s] from rank s; meta holds 1 + 2 * top_k int32 per row, the token
+// first) differ from quantize_row(x row) byte for byte.
+using QuantizeRow = std::function<void(const bf16* row, int hidden, uint8_t* packed)>;
+int64_t count_mismatched_rows(const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank,
+                              int top_k, uint64_t x_seed, int64_t T, int hidden, int64_t row_bytes,
+                              const QuantizeRow& quantize_row);
 
 enum class RoutingKind {
   uniform,      // k distinct experts uniformly at random
