@@ -20,6 +20,17 @@
 
 namespace epmoe::bench {
 
+// The --path value's name (the JSON's "path" / "requested_path").
+inline const char* path_name(ExpertPath p) {
+  switch (p) {
+    case ExpertPath::automatic: return "auto";
+    case ExpertPath::cpu: return "cpu";
+    case ExpertPath::cublas: return "cublas";
+    case ExpertPath::sm90: return "sm90";
+  }
+  return "?";
+}
+
 // ---- device memory -------------------------------------------------------------------------------
 
 class DeviceBuffer {

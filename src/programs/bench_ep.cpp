@@ -93,16 +93,6 @@ std::vector<Shape> shape_list(const Options& o) {
   EPMOE_FAIL(epmoe::ErrorCode::invalid_argument, "--shapes must be default, decode or all (got '", o.shapes, "')");
 }
 
-const char* path_name(epmoe::ExpertPath p) {
-  switch (p) {
-    case epmoe::ExpertPath::automatic: return "auto";
-    case epmoe::ExpertPath::cpu: return "cpu";
-    case epmoe::ExpertPath::cublas: return "cublas";
-    case epmoe::ExpertPath::sm90: return "sm90";
-  }
-  return "?";
-}
-
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: mpirun -np N epmoe_bench_ep [--shapes default|decode|all] [--shape E,k,hidden,ffn,T]...\n"

@@ -97,16 +97,6 @@ const std::vector<Shape> kExtraShapes = {{32, 4, 2048, 1024, 128}, {128, 8, 2048
 
 const char* policy_name(SavePolicy p) { return p == SavePolicy::rows_recompute ? "recompute" : "preact"; }
 
-const char* path_name(epmoe::ExpertPath p) {
-  switch (p) {
-    case epmoe::ExpertPath::automatic: return "auto";
-    case epmoe::ExpertPath::cpu: return "cpu";
-    case epmoe::ExpertPath::cublas: return "cublas";
-    case epmoe::ExpertPath::sm90: return "sm90";
-  }
-  return "?";
-}
-
 void usage(FILE* f) {
   std::fprintf(f,
                "usage: mpirun -np N epmoe_bench_train [--shapes default|all|E,k,hidden,ffn,T[;...]]\n"
