@@ -1,6 +1,7 @@
 // The swap-AB kernels' shared pieces (swap_ab_kernel.cu: split UP and DOWN; fused_swap_kernel.cu:
 // the fused pipeline): their arguments, the work item (one 64-row half of a 128-row layout tile x
-// one weight block) and its decode, a bf16 shared-memory store, and the consumers' k loop.
+// one weight block) and its decode, a bf16 shared-memory store, the consumers' k loop, and the DOWN
+// epilogue (shared with the MX swap DOWN, swap_mx_kernel.cu).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -97,6 +98,42 @@ __device__ __forceinline__ void swap_k_loop(float (&acc)[N / 2], RingCursor<kSwa
   wgmma_wait<0>();
   fence_regs(acc);
   mbar_arrive(ring.empty(cur.prev_stage()));
+}
+
+// The consumer warpgroup's DOWN epilogue of one item at N (wl: warp in the warpgroup, tid: 0..127):
+// each token column times its pair weight into the bf16 staging rows [N][64 hidden], then each real
+// row's 64 columns reduced into out (red.global.add) or, where pair_out is given (deterministic
+// mode), stored as the pair's own row. kHiddenTail: hidden % 64 may be nonzero (bf16), so the last
+// block's columns past hidden are skipped; the MX kernels need hidden % 64 == 0.
+template <int N, bool kHiddenTail>
+__device__ __forceinline__ void swap_down_epilogue(const float (&acc)[N / 2], const SwapItem& it, int rows,
+                                                   const float* pair_weight, const int32_t* pair_row,
+                                                   __nv_bfloat16* out, int64_t out_rows, __nv_bfloat16* pair_out,
+                                                   int hidden, uint32_t stg, int wl, int lane, int tid) {
+#pragma unroll
+  for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int t = 8 * g + 2 * (lane & 3) + b;
+      const float wt = t < rows ? pair_weight[it.m0 + t] : 0.0f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int f = 16 * wl + (lane >> 2) + 8 * h;
+        st_shared_bf16(stg + uint32_t(t * kSwapDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
+      }
+    }
+  named_barrier_sync(1, 128);
+  for (int q = tid; q < rows * 8; q += 128) {
+    const int r = q >> 3, part = q & 7;
+    const int32_t pr = pair_row[it.m0 + r];
+    if (pr < 0 || int64_t(pr) >= out_rows) continue;
+    uint32_t v[4];
+    ld_shared_16(stg + uint32_t(r * kSwapDownStride + 8 * part) * 2u, v);
+    const int64_t col = int64_t(kSwapWeightRows) * it.j + 8 * part;
+    if (kHiddenTail && col >= hidden) continue;  // (hidden % 64 != 0: the last block's rows past hidden)
+    if (pair_out != nullptr) st_global_16(pair_out + (it.m0 + r) * hidden + col, v);
+    else red_add_bf16x8(out + int64_t(pr) * hidden + col, v);
+  }
 }
 
 #endif  // EPMOE_SM90A_DEVICE

@@ -46,27 +46,8 @@ __device__ __forceinline__ void mx_consume(const MxArgs& a, const SwapItem& it, 
       dst[a.ffn + it.j] = uint8_t(scale);
     }
   } else {
-#pragma unroll
-    for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const int t = 8 * g + 2 * (lane & 3) + b;
-        const float wt = t < rows ? a.pair_weight[it.m0 + t] : 0.0f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int f = 16 * wl + (lane >> 2) + 8 * h;
-          st_shared_bf16(stg + uint32_t(t * kSwapDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
-        }
-      }
-    named_barrier_sync(1, 128);
-    for (int q = tid; q < rows * 8; q += 128) {
-      const int r = q >> 3, part = q & 7;
-      const int32_t pr = a.pair_row[it.m0 + r];
-      if (pr < 0 || int64_t(pr) >= a.out_rows) continue;
-      uint32_t v[4];
-      ld_shared_16(stg + uint32_t(r * kSwapDownStride + 8 * part) * 2u, v);
-      red_add_bf16x8(a.out + int64_t(pr) * a.hidden + kSwapWeightRows * int64_t(it.j) + 8 * part, v);
-    }
+    swap_down_epilogue<N, false>(acc, it, rows, a.pair_weight, a.pair_row, a.out, a.out_rows, nullptr, a.hidden, stg,
+                                 wl, lane, tid);
   }
 }
 
