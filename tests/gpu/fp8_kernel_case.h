@@ -1,6 +1,6 @@
 // Shared pieces of the FP8 expert-kernel tests (test_sm90_mx_swap.cu, test_sm90_fp8b_tile.cu): a
-// device buffer, the sm_90a check, the routed segments of a case (the layout the kernels read), and
-// the output check against an fp64 reference.
+// device buffer, the sm_90a check, the routed segments of a case (the layout the kernels read), one
+// pair's fp64 SwiGLU row with its slack, and the output check against an fp64 reference.
 #pragma once
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -89,6 +89,29 @@ inline Segments make_segments(int E, int T, int k, bool one_expert, std::mt19937
       s.pair_weight[size_t(s.offsets[size_t(e)]) + i] = s.seg[size_t(e)][i].second;
     }
   return s;
+}
+
+// One pair's UP in fp64 on the dequantized inputs: vd[f] = silu(g) * u of token row xr [H] and
+// expert e's W1 (w1 [E, 2F, H]: gate rows, then up rows), v = vd in fp32 (what the kernel quantizes),
+// and slack[f]: how far the GPU's fp32 v may be from vd before it is quantized: the dot products'
+// fp32 sums of ~14-bit tensor-core blocks (2^-9 sum|terms|: 4x the core test's worst), through
+// silu' (<= 1.1) and u, plus the tanh form of silu (|g| 2^-18 measured, 2^-16 here).
+inline void swiglu_reference_row(const double* xr, const double* w1, int e, int F, int H, double* vd, float* v,
+                                 double* slack) {
+  for (int f = 0; f < F; ++f) {
+    const double* g = &w1[(size_t(e) * 2 * F + size_t(f)) * H];
+    const double* u = &w1[(size_t(e) * 2 * F + size_t(F + f)) * H];
+    double sg = 0, su = 0, ag = 0, au = 0;
+    for (int h = 0; h < H; ++h) {
+      sg += xr[h] * g[h], su += xr[h] * u[h];
+      ag += std::fabs(xr[h] * g[h]), au += std::fabs(xr[h] * u[h]);
+    }
+    const double silu = sg / (1.0 + std::exp(-sg));
+    vd[f] = silu * su;
+    v[f] = float(vd[f]);
+    const double dg = std::ldexp(ag, -9), du = std::ldexp(au, -9);
+    slack[f] = 1.1 * dg * (std::fabs(su) + du) + std::fabs(silu) * du + std::ldexp(std::fabs(sg * su), -16);
+  }
 }
 
 struct OutputError {

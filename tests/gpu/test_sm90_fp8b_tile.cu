@@ -45,6 +45,7 @@ using epmoe::kernels::kExpertTile;
 using epmoe::test::fp8k::check_output;
 using epmoe::test::fp8k::Dev;
 using epmoe::test::fp8k::make_segments;
+using epmoe::test::fp8k::swiglu_reference_row;
 using epmoe::test::fp8k::sm90_here;
 
 // A [rows, K] matrix of N(0, sigma) values times a power of two in [2^-spread, 2^spread] per block
@@ -147,23 +148,7 @@ void run_case(const Case& c) {
       const int t = seg[size_t(e)][i].first;
       const int64_t r = offsets[size_t(e)] + int64_t(i);
       const double* xr = &x.deq[size_t(t) * H];
-      for (int f = 0; f < F; ++f) {
-        const double* g = &w1.deq[(size_t(e) * 2 * F + size_t(f)) * H];
-        const double* u = &w1.deq[(size_t(e) * 2 * F + size_t(F + f)) * H];
-        double sg = 0, su = 0, ag = 0, au = 0;
-        for (int h = 0; h < H; ++h) {
-          sg += xr[h] * g[h], su += xr[h] * u[h];
-          ag += std::fabs(xr[h] * g[h]), au += std::fabs(xr[h] * u[h]);
-        }
-        const double silu = sg / (1.0 + std::exp(-sg));
-        vd[size_t(f)] = silu * su;
-        v[size_t(f)] = float(vd[size_t(f)]);
-        // How far the GPU's v may be from vd before it is quantized: the dot products' fp32 sums of
-        // ~14-bit tensor-core blocks (2^-9 sum|terms|, as the MX test), through silu' (<= 1.1) and
-        // u, plus the tanh form of silu (2^-16 relative).
-        const double dg = std::ldexp(ag, -9), du = std::ldexp(au, -9);
-        slack[size_t(f)] = 1.1 * dg * (std::fabs(su) + du) + std::fabs(silu) * du + std::ldexp(std::fabs(sg * su), -16);
-      }
+      swiglu_reference_row(xr, w1.deq.data(), e, F, H, vd.data(), v.data(), slack.data());
       fp8b::quantize_rows(v.data(), 1, F, hq.data(), hs.data());
       const uint8_t* ar = &act[size_t(r * arb)];
       std::memcpy(gs.data(), ar + F, size_t(fb) * 4);

@@ -46,6 +46,7 @@ using epmoe::kernels::kExpertTile;
 using epmoe::test::fp8k::check_output;
 using epmoe::test::fp8k::Dev;
 using epmoe::test::fp8k::make_segments;
+using epmoe::test::fp8k::swiglu_reference_row;
 using epmoe::test::fp8k::sm90_here;
 
 // Rows of K values ~ N(0, 1) times a per-block power of two in [2^-spread, 2^spread], in MX form.
@@ -150,23 +151,7 @@ void run_case_form(const Case& c, epmoe::kernels::MxForm form) {
       const int t = seg[size_t(e)][i].first;
       const int64_t r = offsets[size_t(e)] + int64_t(i);
       const double* xr = &x.deq[size_t(t) * H];
-      for (int f = 0; f < F; ++f) {
-        const double* g = &w1.deq[(size_t(e) * 2 * F + size_t(f)) * H];
-        const double* u = &w1.deq[(size_t(e) * 2 * F + size_t(F + f)) * H];
-        double sg = 0, su = 0, ag = 0, au = 0;
-        for (int h = 0; h < H; ++h) {
-          sg += xr[h] * g[h], su += xr[h] * u[h];
-          ag += std::fabs(xr[h] * g[h]), au += std::fabs(xr[h] * u[h]);
-        }
-        const double silu = sg / (1.0 + std::exp(-sg));
-        vd[size_t(f)] = silu * su;
-        v[size_t(f)] = float(vd[size_t(f)]);
-        // How far the GPU's v may be from vd before it is quantized: the dot products' fp32 sums of
-        // ~14-bit tensor-core blocks (2^-9 sum|terms|: 4x the core test's worst), through silu'
-        // (<= 1.1) and u, plus the tanh form of silu (|g| 2^-18 measured, 2^-16 here).
-        const double dg = std::ldexp(ag, -9), du = std::ldexp(au, -9);
-        slack[size_t(f)] = 1.1 * dg * (std::fabs(su) + du) + std::fabs(silu) * du + std::ldexp(std::fabs(sg * su), -16);
-      }
+      swiglu_reference_row(xr, w1.deq.data(), e, F, H, vd.data(), v.data(), slack.data());
       mx::quantize_rows(v.data(), 1, F, hq.data(), hs.data());
       if (fused) {  // no act to check: DOWN from the host quantizer's act
         mx::dequantize_rows(hq.data(), hs.data(), 1, F, adeq.data());
