@@ -50,19 +50,13 @@ __device__ __forceinline__ void fused_consume(const SwapArgs& a, const SwapItem&
   float acc[N / 2];
   swap_k_loop<N>(acc, cur, ring, ring_base, num_k);
 
-  // act[t][c] = silu(gate) * up: the fragment's row 16 wl + l/4 is gate column c = 8 wl + l/4 of
-  // the block, row + 8 its up partner (the swap W1 map). Token columns past the real rows hold
-  // zeros (their B rows were zero-filled), so DOWN's products there are zero.
+  // act[t][c] = silu(gate) * up. Token columns past the real rows hold zeros (their B rows were
+  // zero-filled), so DOWN's products there are zero.
   const int tid = int(threadIdx.x) - 128;
   named_barrier_sync(1, 128);  // the previous item's DOWN MMAs are done with the act tile
-  const int c = 8 * wl + (lane >> 2);
-#pragma unroll
-  for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int t = 8 * g + 2 * (lane & 3) + b;
-      st_shared_bf16(act_tile + act_tile_offset(t, c), silu_tanh(acc[4 * g + b]) * acc[4 * g + 2 + b]);
-    }
+  for_each_gate_up<N>(acc, wl, lane, [&](int t, int c, float gate, float up) {
+    st_shared_bf16(act_tile + act_tile_offset(t, c), silu_tanh(gate) * up);
+  });
   fence_proxy_async_shared();  // the act writes, before DOWN's wgmma (async proxy) reads them
   named_barrier_sync(1, 128);
   float wt[N / 4];

@@ -174,18 +174,12 @@ __device__ __forceinline__ void mx_swap_k_loop(float (&acc)[N / 2], RingCursor<k
   }
 }
 
-// UP's SwiGLU into the fp32 staging tile [64 tokens][kMxUpStride]: the fragment's row 16 wl + l/4 is
-// gate column c = 8 wl + l/4 of the item's 32, row + 8 its up partner (the swap W1 map).
+// UP's SwiGLU into the fp32 staging tile [64 tokens][kMxUpStride] (act column c of token t).
 template <int N>
 __device__ __forceinline__ void mx_stage_swiglu(const float (&acc)[N / 2], uint32_t stg, int wl, int lane) {
-  const int c = 8 * wl + (lane >> 2);
-#pragma unroll
-  for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int t = 8 * g + 2 * (lane & 3) + b;
-      st_shared_f32(stg + uint32_t(t * kMxUpStride + c) * 4u, silu_tanh(acc[4 * g + b]) * acc[4 * g + 2 + b]);
-    }
+  for_each_gate_up<N>(acc, wl, lane, [&](int t, int c, float gate, float up) {
+    st_shared_f32(stg + uint32_t(t * kMxUpStride + c) * 4u, silu_tanh(gate) * up);
+  });
 }
 
 // Token `tid`'s 32 staged act values as one MX block: its E8M0 scale (returned) and 32 E4M3 codes in

@@ -79,21 +79,15 @@ __device__ __forceinline__ void swap_consume(const SwapArgs& a, const SwapItem& 
   const int tid = int(threadIdx.x) - 128;  // 0..127
   named_barrier_sync(1, 128);              // the previous item's copy-out has read the staging rows
   if constexpr (kUp) {
-    const int c = 8 * wl + (lane >> 2);  // act column in the item's 32: gate row (h 0), partner (h 1)
     const uint32_t stg_g = stg + kSwapRows * kSwapUpStride * 2, stg_u = stg_g + kSwapRows * kSwapUpStride * 2;
-#pragma unroll
-    for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {
-        const int t = 8 * g + 2 * (lane & 3) + b;
-        const float gate = acc[4 * g + b], up = acc[4 * g + 2 + b];
-        const uint32_t off = uint32_t(t * kSwapUpStride + c) * 2u;
-        st_shared_bf16(stg + off, silu_tanh(gate) * up);
-        if (a.preact != nullptr) {
-          st_shared_bf16(stg_g + off, gate);
-          st_shared_bf16(stg_u + off, up);
-        }
+    for_each_gate_up<N>(acc, wl, lane, [&](int t, int c, float gate, float up) {
+      const uint32_t off = uint32_t(t * kSwapUpStride + c) * 2u;
+      st_shared_bf16(stg + off, silu_tanh(gate) * up);
+      if (a.preact != nullptr) {
+        st_shared_bf16(stg_g + off, gate);
+        st_shared_bf16(stg_u + off, up);
       }
+    });
     named_barrier_sync(1, 128);
     store_act_rows(a, it, rows, stg, stg_g, stg_u, tid);
   } else {

@@ -1,7 +1,7 @@
 // The swap-AB kernels' shared pieces (swap_ab_kernel.cu: split UP and DOWN; fused_swap_kernel.cu:
 // the fused pipeline): their arguments, the work item (one 64-row half of a 128-row layout tile x
-// one weight block) and its decode, a bf16 shared-memory store, the consumers' k loop, and the DOWN
-// epilogue (shared with the MX swap DOWN, swap_mx_kernel.cu).
+// one weight block) and its decode, a bf16 shared-memory store, the consumers' k loop, the UP
+// fragment's gate/up walk and the DOWN epilogue (shared with the MX swap DOWN, swap_mx_kernel.cu).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -98,6 +98,18 @@ __device__ __forceinline__ void swap_k_loop(float (&acc)[N / 2], RingCursor<kSwa
   wgmma_wait<0>();
   fence_regs(acc);
   mbar_arrive(ring.empty(cur.prev_stage()));
+}
+
+// The swap UP fragment's (gate, up) pairs: the fragment's row 16 wl + l/4 is gate column
+// c = 8 wl + l/4 of the item's 32 act columns, row + 8 its up partner (the swap W1 map);
+// store(t, c, gate, up) for each of the thread's token columns t.
+template <int N, class Store>
+__device__ __forceinline__ void for_each_gate_up(const float (&acc)[N / 2], int wl, int lane, Store&& store) {
+  const int c = 8 * wl + (lane >> 2);
+#pragma unroll
+  for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) store(8 * g + 2 * (lane & 3) + b, c, acc[4 * g + b], acc[4 * g + 2 + b]);
 }
 
 // The consumer warpgroup's DOWN epilogue of one item at N (wl: warp in the warpgroup, tid: 0..127):
