@@ -74,18 +74,9 @@ __device__ __forceinline__ void fused_mx_consume(const MxArgs& a, const SwapItem
   // Per token column: its routing weight times its act scale (0 past the real rows).
   float colf[N / 4];
   int32_t prs[2] = {-1, -1};  // (N = 8)
-#pragma unroll
-  for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int t = 8 * g + 2 * (lane & 3) + b;
-      colf[2 * g + b] =
-          t < it.rows ? a.pair_weight[it.m0 + t] * __uint_as_float(ld_shared_u32(act_scale + uint32_t(t) * 4u)) : 0.0f;
-      if (N == 8 && t < it.rows) {
-        const int32_t pr = a.pair_row[it.m0 + t];
-        prs[b] = pr >= 0 && int64_t(pr) < a.out_rows ? pr : -1;
-      }
-    }
+  fused_columns<N>(a, it, lane, colf, prs, [&](int t) {
+    return a.pair_weight[it.m0 + t] * __uint_as_float(ld_shared_u32(act_scale + uint32_t(t) * 4u));
+  });
 
   // DOWN: each stage's 512 W2 rows are eight m64 tiles, run as pairs (two partials); the stage's
   // rows past hidden (hidden % 512) are not computed.

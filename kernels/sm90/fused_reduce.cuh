@@ -31,6 +31,25 @@ __device__ __forceinline__ void red_add_f32(float* dst, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(dst), "f"(v) : "memory");
 }
 
+// Before DOWN, per token column t of this thread's fragment (8 g + 2 (l % 4) + b): colf[2 g + b] =
+// factor(t) (the tile's column scale: the routing weight, times act's scale in MX), 0 past the real
+// rows; N = 8: prs[b] = that column's pair_row, -1 past the real rows or out of [0, out_rows).
+template <int N, class Args, class Factor>
+__device__ __forceinline__ void fused_columns(const Args& a, const SwapItem& it, int lane, float (&colf)[N / 4],
+                                              int32_t (&prs)[2], Factor&& factor) {
+#pragma unroll
+  for (int g = 0; g < N / 8; ++g)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int t = 8 * g + 2 * (lane & 3) + b;
+      colf[2 * g + b] = t < it.rows ? factor(t) : 0.0f;
+      if (N == 8 && t < it.rows) {
+        const int32_t pr = a.pair_row[it.m0 + t];
+        prs[b] = pr >= 0 && int64_t(pr) < a.out_rows ? pr : -1;
+      }
+    }
+}
+
 // One m64 tile's epilogue (W2 rows [n0, +64) of the stage): this thread's fragment D[16 wl + l/4
 // + 8h][t] weighted by its token's routing weight. N >= 16: into the fp32 staging [token][64], then
 // the warpgroup reduces the real rows' 16-byte chunks into out_acc (two named barriers). N = 8 (at

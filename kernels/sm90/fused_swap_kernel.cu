@@ -61,17 +61,7 @@ __device__ __forceinline__ void fused_consume(const SwapArgs& a, const SwapItem&
   named_barrier_sync(1, 128);
   float wt[N / 4];
   int32_t prs[2] = {-1, -1};  // (N = 8)
-#pragma unroll
-  for (int g = 0; g < N / 8; ++g)
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int t = 8 * g + 2 * (lane & 3) + b;
-      wt[2 * g + b] = t < it.rows ? a.pair_weight[it.m0 + t] : 0.0f;
-      if (N == 8 && t < it.rows) {
-        const int32_t pr = a.pair_row[it.m0 + t];
-        prs[b] = pr >= 0 && int64_t(pr) < a.out_rows ? pr : -1;
-      }
-    }
+  fused_columns<N>(a, it, lane, wt, prs, [&](int t) { return a.pair_weight[it.m0 + t]; });
 
   // DOWN: each stage's W2 box is 256 rows = four m64 tiles, run as two pairs (two accumulators);
   // the last stage's rows past hidden are the box's zero fill and are not reduced.
