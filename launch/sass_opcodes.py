@@ -9,6 +9,9 @@ opcodes, none ambiguous); `learn` rebuilds it from new dumps. Unknown opcodes pr
   python3 launch/sass_opcodes.py loop CUBIN NAME_FILTER     opcodes around the HGMMAs
   python3 launch/sass_opcodes.py uniform CUBIN ...          fail if a kernel's k loops copy descriptors
                                                              with R2UR (> 0.5 per HGMMA)
+  python3 launch/sass_opcodes.py same OLD.cubin NEW.cubin   fail unless every kernel's SASS is byte-identical
+                                                             (a refactor checked without device time); names
+                                                             the differing instructions' opcodes
   python3 launch/sass_opcodes.py learn DUMP.sass ...        print a new OPCODES table
   python3 launch/sass_opcodes.py --self-test                 check the parsers on synthetic input
 
@@ -123,6 +126,29 @@ def uniform_check(paths, limit=0.5, quiet=False):
     return ok and seen > 0
 
 
+def same_sass(old, new, quiet=False):
+    """Every kernel of old and new has the same .text bytes; prints one line per kernel (and up to 8
+    differing instructions' index and opcodes, old -> new)."""
+    a, b = dict(text_sections(old)), dict(text_sections(new))
+    ok = True
+    for name in sorted(set(a) | set(b)):
+        if name not in a or name not in b:
+            ok = False
+            quiet or print(f"only in {'new' if name in b else 'old'}: {name[:100]}")
+            continue
+        x, y = a[name], b[name]
+        diff = [i for i in range(0, min(len(x), len(y)), 16) if x[i:i + 16] != y[i:i + 16]]
+        if not diff and len(x) == len(y):
+            quiet or print(f"same  {len(x) // 16:6d} instructions  {name[:100]}")
+            continue
+        ok = False
+        if not quiet:
+            print(f"DIFF  {len(x) // 16} -> {len(y) // 16} instructions, {len(diff)} differ  {name[:100]}")
+            for i in diff[:8]:
+                print(f"      #{i // 16}: {opcodes(x[i:i + 16])[0]} -> {opcodes(y[i:i + 16])[0]}")
+    return ok
+
+
 def tiny_cubin(path, words):
     """A minimal ELF64 with one section .text.k holding one 16-byte instruction per 64-bit low word."""
     text = b"".join(struct.pack("<QQ", w, 0) for w in words)
@@ -165,6 +191,13 @@ def self_test():
         assert not uniform_check([p], quiet=True)
         tiny_cubin(p, [r2, 0xFFF] + [0xFFF] * 12 + [hg, 0xFFF, hg])  # an R2UR far before the loop: passes
         assert uniform_check([p], quiet=True)
+        q = os.path.join(d, "q.cubin")
+        tiny_cubin(q, [r2, 0xFFF] + [0xFFF] * 12 + [hg, 0xFFF, hg])
+        assert same_sass(p, q, quiet=True)
+        tiny_cubin(q, [r2, 0xFFF] + [0xFFF] * 12 + [hg, 0xFFF, r2])  # one instruction changed
+        assert not same_sass(p, q, quiet=True)
+        tiny_cubin(q, [r2, 0xFFF] + [0xFFF] * 12 + [hg, 0xFFF])  # one instruction fewer
+        assert not same_sass(p, q, quiet=True)
     print("sass_opcodes self-test: OK")
 
 
@@ -175,6 +208,10 @@ def main(argv):
     if len(argv) < 3:
         raise SystemExit(__doc__)
     mode = argv[1]
+    if mode == "same":
+        if len(argv) != 4:
+            raise SystemExit(__doc__)
+        sys.exit(0 if same_sass(argv[2], argv[3]) else 1)
     if mode == "uniform":
         sys.exit(0 if uniform_check(argv[2:]) else 1)
     if mode == "learn":
