@@ -1,5 +1,6 @@
-// The C++ module over the ops (include/epmoe/torch.h).
+// The C++ modules over the ops (include/epmoe/torch.h): Moe (bf16, autograd) and MoeFp8 (inference).
 #include <cmath>
+#include <tuple>
 
 #include "epmoe/error.h"
 #include "epmoe/torch.h"
@@ -39,6 +40,56 @@ at::Tensor MoeImpl::forward(const at::Tensor& x, const at::Tensor& topk_ids, con
     layer_device_ = w1.device();
   }
   return moe(handle_, x, topk_ids, topk_weights, w1, w2);
+}
+
+// The FP8 module: buffers, not Parameters (forward-only).
+MoeFp8Impl::MoeFp8Impl(const MoeImpl& source, Fp8Format format)
+    : cfg_(source.config()), comm_(source.comm()), options_(source.options()) {
+  torch::NoGradGuard no_grad;
+  at::Tensor q1, s1, q2, s2;
+  if (format == Fp8Format::mxfp8) {
+    std::tie(q1, s1) = quantize_mxfp8(source.w1);
+    std::tie(q2, s2) = quantize_mxfp8(source.w2);
+  } else {
+    std::tie(q1, s1) = quantize_fp8_block128(source.w1);
+    std::tie(q2, s2) = quantize_fp8_block128(source.w2);
+  }
+  w1 = register_buffer("w1", q1), w1_scale = register_buffer("w1_scale", s1);
+  w2 = register_buffer("w2", q2), w2_scale = register_buffer("w2_scale", s2);
+}
+
+MoeFp8Impl::MoeFp8Impl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, at::Tensor q1, at::Tensor s1,
+                       at::Tensor q2, at::Tensor s2, LayerOptions options)
+    : cfg_(cfg), comm_(std::move(comm)), options_(std::move(options)) {
+  cfg_.validate();
+  EPMOE_CHECK(comm_ != nullptr, ErrorCode::invalid_argument, "epmoe::torch_ext::MoeFp8 needs a communicator");
+  w1 = register_buffer("w1", q1), w1_scale = register_buffer("w1_scale", s1);
+  w2 = register_buffer("w2", q2), w2_scale = register_buffer("w2_scale", s2);
+}
+
+MoeFp8Impl::~MoeFp8Impl() {
+  if (handle_ != 0) release_layer(handle_);
+}
+
+void MoeFp8Impl::ensure_layer() {
+  if (handle_ != 0 && w1.device() == layer_device_) return;
+  if (handle_ != 0) release_layer(handle_);
+  handle_ = 0;
+  LayerOptions opt = options_;
+  if (w1.is_cuda() && !opt.device_allocator) opt.device_allocator = torch_device_allocator();
+  handle_ = register_layer(std::make_shared<MoeLayer>(cfg_, fp8_weights_of(w1, w1_scale, w2, w2_scale), comm_, opt));
+  layer_device_ = w1.device();
+}
+
+at::Tensor MoeFp8Impl::forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
+  ensure_layer();
+  return moe_fp8(handle_, x, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale);
+}
+
+at::Tensor MoeFp8Impl::forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
+                                     const at::Tensor& topk_weights) {
+  ensure_layer();
+  return moe_mxfp8_x(handle_, x, x_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale);
 }
 
 }  // namespace epmoe::torch_ext

@@ -92,18 +92,9 @@ DType dtype_of(const at::Tensor& t) {
     case at::kBFloat16: return DType::bf16;
     case at::kFloat: return DType::f32;
     case at::kInt: return DType::i32;
+    case at::kByte: return DType::u8;  // E4M3 / E8M0 bytes: view_as names which
     default: EPMOE_FAIL(ErrorCode::invalid_argument, "epmoe torch ops: unsupported dtype ", t.scalar_type());
   }
-}
-
-void* stream_of(const at::Tensor& t) {
-  if (!t.is_cuda()) return nullptr;
-#if EPMOE_TORCH_CUDA
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-#else
-  EPMOE_FAIL(ErrorCode::unsupported, "epmoe torch ops: a CUDA tensor, but these bindings were built against a "
-             "torch without CUDA");
-#endif
 }
 
 ExpertWeights weights_of(const at::Tensor& w1, const at::Tensor& w2) {
@@ -244,6 +235,16 @@ at::Tensor moe_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& to
 void release_context_op(int64_t id) { contexts().remove(id); }
 
 }  // namespace
+
+void* stream_of(const at::Tensor& t) {
+  if (!t.is_cuda()) return nullptr;
+#if EPMOE_TORCH_CUDA
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  EPMOE_FAIL(ErrorCode::unsupported, "epmoe torch ops: a CUDA tensor, but these bindings were built against a "
+             "torch without CUDA");
+#endif
+}
 
 int64_t register_layer(std::shared_ptr<MoeLayer> layer) {
   EPMOE_CHECK(layer != nullptr, ErrorCode::invalid_argument, "register_layer: null layer");

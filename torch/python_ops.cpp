@@ -117,6 +117,19 @@ int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_
   return register_layer(std::make_shared<MoeLayer>(cfg, ExpertWeights{view_of(w1), view_of(w2)}, c, opt));
 }
 
+// An FP8 layer (inference) on fp8_weights_of's tensors: MXFP8 or block-128 by the scales' dtype.
+int64_t create_layer_fp8_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
+                            const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w2,
+                            const at::Tensor& w2_scale, bool torch_allocator) {
+  const std::shared_ptr<Communicator> c = comm_of(comm);
+  MoeConfig cfg;
+  cfg.num_experts = int(num_experts), cfg.top_k = int(top_k), cfg.hidden = int(hidden), cfg.ffn = int(ffn);
+  cfg.world_size = c->world_size(), cfg.rank = c->rank();
+  LayerOptions opt;
+  if (w1.is_cuda() && torch_allocator) opt.device_allocator = torch_device_allocator();
+  return register_layer(std::make_shared<MoeLayer>(cfg, fp8_weights_of(w1, w1_scale, w2, w2_scale), c, opt));
+}
+
 void release_layer_op(int64_t h) { release_layer(h); }
 
 }  // namespace
@@ -131,6 +144,9 @@ TORCH_LIBRARY_FRAGMENT(epmoe, m) {
   m.def("create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2, "
         "str save_policy, bool torch_allocator=True, bool deterministic=False) -> int",
         create_layer_op);
+  m.def("create_layer_fp8(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w1_scale, "
+        "Tensor w2, Tensor w2_scale, bool torch_allocator=True) -> int",
+        create_layer_fp8_op);
   m.def("release_layer(int layer) -> ()", release_layer_op);
 }
 

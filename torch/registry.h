@@ -9,7 +9,15 @@
 #include "epmoe/device_allocator.h"
 #include "epmoe/error.h"
 
+namespace at {
+class Tensor;
+}
+
 namespace epmoe::torch_ext {
+
+// The current CUDA stream of a CUDA tensor's device (the stream the ops order their work on);
+// nullptr for a CPU tensor (ops.cpp).
+void* stream_of(const at::Tensor& t);
 
 // LayerOptions::device_allocator for layers on CUDA tensors: torch's caching allocator (ops.cpp),
 // shared by every layer; null in a build whose torch has no CUDA.

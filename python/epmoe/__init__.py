@@ -6,6 +6,9 @@
     moe = epmoe.MoE(num_experts=32, top_k=4, hidden=2048, ffn=1024, comm=comm)
     y = moe(x, topk_ids, topk_weights)        # x bf16 [T, hidden]; ids / weights from the router
     y.backward(dy)                            # -> x.grad, topk_weights.grad, moe.w1.grad, moe.w2.grad
+    fp8 = epmoe.MoEFp8.from_module(moe, "mxfp8")   # inference copy: MXFP8 (or "block128") experts
+    with torch.no_grad():
+        y8 = fp8(x, topk_ids, topk_weights)
 
 Every call is collective over the communicator's ranks (each rank calls it with its own tokens).
 """
@@ -15,7 +18,8 @@ import os
 
 import torch
 
-__all__ = ["load_library", "Communicator", "mock_world", "mpi_world", "from_process_group", "MoE"]
+__all__ = ["load_library", "Communicator", "mock_world", "mpi_world", "from_process_group", "MoE", "MoEFp8",
+           "quantize_mxfp8", "quantize_fp8_block128"]
 
 _loaded = None
 
@@ -134,6 +138,85 @@ class MoE(torch.nn.Module):
     def forward(self, x, topk_ids, topk_weights):
         self._ensure_layer()
         return torch.ops.epmoe.moe(self._layer, x, topk_ids, topk_weights, self.w1, self.w2)
+
+    def __del__(self):
+        try:
+            if self._layer is not None:
+                torch.ops.epmoe.release_layer(self._layer)
+        except Exception:
+            pass
+
+
+def quantize_mxfp8(x):
+    """MXFP8 (OCP MX: E4M3 elements, one E8M0 scale per 32 along the last dimension) of a float tensor:
+    (q uint8 [..., K], scale uint8 [..., K / 32]), on x's device (quantized on the host). The bytes are
+    the format: q.view(torch.float8_e4m3fn) where torch has it."""
+    load_library()
+    return torch.ops.epmoe.quantize_mxfp8(x)
+
+
+def quantize_fp8_block128(w):
+    """FP8 block-128 (DeepSeek-V3: E4M3 with one fp32 scale per 128 x 128 block) of weights [..., N, K]:
+    (q uint8, scale f32 [..., N / 128, K / 128]), on w's device (quantized on the host)."""
+    load_library()
+    return torch.ops.epmoe.quantize_fp8_block128(w)
+
+
+class MoEFp8(torch.nn.Module):
+    """This rank's experts in FP8, for inference: buffers w1, w2 (E4M3 bytes, uint8) and w1_scale,
+    w2_scale (uint8 E8M0 per 32 along K for "mxfp8"; f32 per 128 x 128 block for "block128"), in MoE's
+    shapes. The layer quantizes x on the fly and requantizes the activation before DOWN, in its format.
+    Forward-only: a call that autograd would record (grad mode on, x or topk_weights requiring grad)
+    raises; run it under torch.no_grad(). forward(x, ids, wts, x_scale=...) takes x already in MXFP8
+    (uint8 E4M3 [T, hidden] with its E8M0 scales [T, hidden / 32]; an "mxfp8" module only). The layer
+    is made on the first forward on the buffers' device, and again after they move."""
+
+    def __init__(self, num_experts, top_k, hidden, ffn, comm, w1, w1_scale, w2, w2_scale, torch_allocator=True):
+        super().__init__()
+        load_library()
+        if not isinstance(comm, Communicator):
+            raise TypeError("comm: this rank's epmoe.Communicator")
+        if num_experts % comm.world_size:
+            raise ValueError(f"num_experts {num_experts} is not a multiple of the world size {comm.world_size}")
+        self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
+        self.comm, self.torch_allocator = comm, bool(torch_allocator)
+        for name, t in (("w1", w1), ("w1_scale", w1_scale), ("w2", w2), ("w2_scale", w2_scale)):
+            self.register_buffer(name, t.contiguous())
+        self._layer = None
+        self._layer_device = None
+
+    @property
+    def format(self):
+        return "block128" if self.w1_scale.dtype == torch.float32 else "mxfp8"
+
+    @classmethod
+    def from_module(cls, moe, format="mxfp8"):
+        """An FP8 copy of a bf16 epmoe.MoE's current experts (same communicator and shapes)."""
+        quantize = {"mxfp8": quantize_mxfp8, "block128": quantize_fp8_block128}.get(format)
+        if quantize is None:
+            raise ValueError(f"format must be 'mxfp8' or 'block128', got {format!r}")
+        with torch.no_grad():
+            q1, s1 = quantize(moe.w1.detach())
+            q2, s2 = quantize(moe.w2.detach())
+        return cls(moe.num_experts, moe.top_k, moe.hidden, moe.ffn, moe.comm, q1, s1, q2, s2, moe.torch_allocator)
+
+    def _ensure_layer(self):
+        if self._layer is None or self.w1.device != self._layer_device:
+            if self._layer is not None:
+                torch.ops.epmoe.release_layer(self._layer)
+                self._layer = None
+            self._layer = torch.ops.epmoe.create_layer_fp8(self.comm.handle, self.num_experts, self.top_k,
+                                                           self.hidden, self.ffn, self.w1, self.w1_scale, self.w2,
+                                                           self.w2_scale, self.torch_allocator)
+            self._layer_device = self.w1.device
+
+    def forward(self, x, topk_ids, topk_weights, x_scale=None):
+        self._ensure_layer()
+        if x_scale is None:
+            return torch.ops.epmoe.moe_fp8(self._layer, x, topk_ids, topk_weights, self.w1, self.w1_scale, self.w2,
+                                           self.w2_scale)
+        return torch.ops.epmoe.moe_mxfp8_x(self._layer, x, x_scale, topk_ids, topk_weights, self.w1, self.w1_scale,
+                                           self.w2, self.w2_scale)
 
     def __del__(self):
         try:

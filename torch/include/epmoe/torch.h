@@ -3,6 +3,8 @@
 //   auto moe = epmoe::torch_ext::Moe(cfg, comm);         // w1, w2: Parameters of this rank's experts
 //   at::Tensor y = moe->forward(x, topk_ids, topk_weights);  // x bf16 [T, hidden]
 //   y.backward(dy);   // -> x.grad, topk_weights.grad (so the router's), w1.grad, w2.grad
+//   auto fp8 = epmoe::torch_ext::MoeFp8(*moe, epmoe::torch_ext::Fp8Format::mxfp8);  // inference copy
+//   at::Tensor y8 = fp8->forward(x, topk_ids, topk_weights);   // under torch::NoGradGuard
 //
 // The ops (TORCH_LIBRARY(epmoe), callable as torch.ops.epmoe.* once the library is loaded):
 //   moe(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w2) -> Tensor
@@ -13,6 +15,13 @@
 //   moe_backward_accumulate(int layer, int ctx, Tensor dy, Tensor w1, Tensor w2, Tensor(a!) dw1,
 //       Tensor(b!) dw2) -> (Tensor dx, Tensor d_topk_weights)    dW added into dw1 / dw2 (f32 or bf16)
 //   release_context(int ctx) -> ()
+// and, for FP8 layers (inference only; E4M3 / E8M0 bytes as uint8 tensors, see below):
+//   moe_fp8(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor w1, Tensor w1_scale,
+//       Tensor w2, Tensor w2_scale) -> Tensor            x bf16, quantized by the layer
+//   moe_mxfp8_x(int layer, Tensor x, Tensor x_scale, Tensor topk_ids, ..., Tensor w2_scale) -> Tensor
+//                                                        x given in MXFP8 (e4m3 + e8m0 bytes)
+//   quantize_mxfp8(Tensor x) -> (Tensor q, Tensor scale)            [..., K] along K, per 32
+//   quantize_fp8_block128(Tensor w) -> (Tensor q, Tensor scale)     [..., N, K] in 128 x 128 blocks
 // with CPU kernels (and CUDA ones where the torch build has CUDA) over the torch-free core, and Meta
 // kernels (shapes only). `layer` is a handle from register_layer: a plain integer, the same in
 // every torch version. Every op on a layer is collective, like MoeLayer's calls: each rank calls it.
@@ -22,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <tuple>
 
 #include "epmoe/communicator.h"
 #include "epmoe/moe_layer.h"
@@ -35,6 +45,29 @@ void release_layer(int64_t handle) noexcept;
 
 // at::Tensor <-> TensorView (no copy; the tensor must be contiguous).
 TensorView view_of(const at::Tensor& t);
+// A uint8 tensor's bytes as E4M3 or E8M0 (torch 1.13 has no float8 dtypes; a torch.float8_e4m3fn
+// tensor passes as t.view(torch.uint8)).
+TensorView view_as(const at::Tensor& t, DType dtype);
+
+// FP8 expert weights (epmoe/mxfp8.h, epmoe/fp8_block.h): w1, w2 uint8 E4M3 in ExpertWeights' shapes;
+// the scales uint8 E8M0 per 32 along K (MXFP8) or f32 per 128 x 128 block (block-128).
+ExpertWeights fp8_weights_of(const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w2,
+                             const at::Tensor& w2_scale);
+// An FP8 layer's forward (torch.ops.epmoe.moe_fp8): x bf16 [T, hidden], quantized by the layer; y bf16.
+// Forward-only: raises Error(unsupported) where autograd would record the call (grad mode on and x
+// or topk_weights requiring grad) instead of returning a y that silently cuts the graph.
+at::Tensor moe_fp8(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                   const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w2, const at::Tensor& w2_scale);
+// An MXFP8 layer's forward on x given in the format (MoeLayer::forward_mxfp8): x uint8 E4M3
+// [T, hidden], x_scale uint8 E8M0 [T, hidden / 32]; y bf16 [T, hidden].
+at::Tensor moe_mxfp8_x(int64_t layer, const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
+                       const at::Tensor& topk_weights, const at::Tensor& w1, const at::Tensor& w1_scale,
+                       const at::Tensor& w2, const at::Tensor& w2_scale);
+// The host quantizers, on any tensor of a float dtype (computed on the CPU, returned on its device):
+// MXFP8 along the last dimension (K % 32 == 0) -> q uint8 [..., K], scale uint8 [..., K / 32];
+// block-128 weights [..., N, K] (N, K multiples of 128) -> q uint8, scale f32 [..., N / 128, K / 128].
+std::tuple<at::Tensor, at::Tensor> quantize_mxfp8(const at::Tensor& x);
+std::tuple<at::Tensor, at::Tensor> quantize_fp8_block128(const at::Tensor& w);
 
 // The differentiable call (torch.ops.epmoe.moe): topk_ids int32 or int64, topk_weights any float
 // dtype (computed in f32; its gradient comes back in its dtype).
@@ -51,6 +84,8 @@ class MoeImpl : public torch::nn::Module {
   ~MoeImpl() override;
   at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
   const MoeConfig& config() const { return cfg_; }
+  const std::shared_ptr<Communicator>& comm() const { return comm_; }
+  const LayerOptions& options() const { return options_; }
   int64_t handle() const { return handle_; }  // 0 until the first forward
 
   at::Tensor w1, w2;
@@ -63,5 +98,35 @@ class MoeImpl : public torch::nn::Module {
   c10::Device layer_device_{c10::kCPU};
 };
 TORCH_MODULE(Moe);
+
+enum class Fp8Format { mxfp8, block128 };
+
+// An FP8 layer for inference: w1, w1_scale, w2, w2_scale are buffers (fp8_weights_of's tensors), made
+// from a bf16 Moe's current Parameters (quantized on the host, kept on their device) or given in
+// the format. Like Moe, the MoeLayer is built on the first forward, on the buffers' device, and
+// again if they move. forward_mxfp8 takes x already in MXFP8 (an MXFP8 module only).
+class MoeFp8Impl : public torch::nn::Module {
+ public:
+  MoeFp8Impl(const MoeImpl& source, Fp8Format format);
+  MoeFp8Impl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, at::Tensor w1, at::Tensor w1_scale,
+             at::Tensor w2, at::Tensor w2_scale, LayerOptions options = {});
+  ~MoeFp8Impl() override;
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
+  at::Tensor forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
+                           const at::Tensor& topk_weights);
+  Fp8Format format() const { return w1_scale.scalar_type() == at::kFloat ? Fp8Format::block128 : Fp8Format::mxfp8; }
+  int64_t handle() const { return handle_; }
+
+  at::Tensor w1, w1_scale, w2, w2_scale;
+
+ private:
+  void ensure_layer();
+  MoeConfig cfg_;
+  std::shared_ptr<Communicator> comm_;
+  LayerOptions options_;
+  int64_t handle_ = 0;
+  c10::Device layer_device_{c10::kCPU};
+};
+TORCH_MODULE(MoeFp8);
 
 }  // namespace epmoe::torch_ext
