@@ -94,7 +94,32 @@ def from_process_group(group=None, device=None, deadline_seconds=300.0):
     return mpi_world()
 
 
-class MoE(torch.nn.Module):
+class _LayerModule(torch.nn.Module):
+    """The layer handle behind a module: made by _make_layer() on the first forward, on w1's device, and
+    again after the module moves; released with the module."""
+
+    def __init__(self):
+        super().__init__()
+        self._layer = None
+        self._layer_device = None
+
+    def _ensure_layer(self):
+        if self._layer is None or self.w1.device != self._layer_device:
+            if self._layer is not None:
+                torch.ops.epmoe.release_layer(self._layer)
+                self._layer = None
+            self._layer = self._make_layer()
+            self._layer_device = self.w1.device
+
+    def __del__(self):
+        try:
+            if self._layer is not None:
+                torch.ops.epmoe.release_layer(self._layer)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class MoE(_LayerModule):
     """This rank's experts: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn], bf16 Parameters
     initialised U(-1/sqrt(fan_in), +1/sqrt(fan_in)) like nn.Linear (E_local = num_experts / world).
     The layer behind the ops is made on the first forward, on the Parameters' device (collective: every
@@ -122,29 +147,15 @@ class MoE(torch.nn.Module):
         b1, b2 = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(ffn)
         self.w1 = torch.nn.Parameter(torch.empty(e, 2 * ffn, hidden).uniform_(-b1, b1).to(torch.bfloat16))
         self.w2 = torch.nn.Parameter(torch.empty(e, hidden, ffn).uniform_(-b2, b2).to(torch.bfloat16))
-        self._layer = None
-        self._layer_device = None
 
-    def _ensure_layer(self):
-        if self._layer is None or self.w1.device != self._layer_device:
-            if self._layer is not None:
-                torch.ops.epmoe.release_layer(self._layer)
-                self._layer = None
-            self._layer = torch.ops.epmoe.create_layer(self.comm.handle, self.num_experts, self.top_k, self.hidden,
-                                                       self.ffn, self.w1.detach(), self.w2.detach(),
-                                                       self.save_policy, self.torch_allocator, self.deterministic)
-            self._layer_device = self.w1.device
+    def _make_layer(self):
+        return torch.ops.epmoe.create_layer(self.comm.handle, self.num_experts, self.top_k, self.hidden, self.ffn,
+                                            self.w1.detach(), self.w2.detach(), self.save_policy,
+                                            self.torch_allocator, self.deterministic)
 
     def forward(self, x, topk_ids, topk_weights):
         self._ensure_layer()
         return torch.ops.epmoe.moe(self._layer, x, topk_ids, topk_weights, self.w1, self.w2)
-
-    def __del__(self):
-        try:
-            if self._layer is not None:
-                torch.ops.epmoe.release_layer(self._layer)
-        except Exception:
-            pass
 
 
 def quantize_mxfp8(x):
@@ -162,7 +173,7 @@ def quantize_fp8_block128(w):
     return torch.ops.epmoe.quantize_fp8_block128(w)
 
 
-class MoEFp8(torch.nn.Module):
+class MoEFp8(_LayerModule):
     """This rank's experts in FP8, for inference: buffers w1, w2 (E4M3 bytes, uint8) and w1_scale,
     w2_scale (uint8 E8M0 per 32 along K for "mxfp8"; f32 per 128 x 128 block for "block128"), in MoE's
     shapes. The layer quantizes x on the fly and requantizes the activation before DOWN, in its format.
@@ -182,8 +193,6 @@ class MoEFp8(torch.nn.Module):
         self.comm, self.torch_allocator = comm, bool(torch_allocator)
         for name, t in (("w1", w1), ("w1_scale", w1_scale), ("w2", w2), ("w2_scale", w2_scale)):
             self.register_buffer(name, t.contiguous())
-        self._layer = None
-        self._layer_device = None
 
     @property
     def format(self):
@@ -200,15 +209,9 @@ class MoEFp8(torch.nn.Module):
             q2, s2 = quantize(moe.w2.detach())
         return cls(moe.num_experts, moe.top_k, moe.hidden, moe.ffn, moe.comm, q1, s1, q2, s2, moe.torch_allocator)
 
-    def _ensure_layer(self):
-        if self._layer is None or self.w1.device != self._layer_device:
-            if self._layer is not None:
-                torch.ops.epmoe.release_layer(self._layer)
-                self._layer = None
-            self._layer = torch.ops.epmoe.create_layer_fp8(self.comm.handle, self.num_experts, self.top_k,
-                                                           self.hidden, self.ffn, self.w1, self.w1_scale, self.w2,
-                                                           self.w2_scale, self.torch_allocator)
-            self._layer_device = self.w1.device
+    def _make_layer(self):
+        return torch.ops.epmoe.create_layer_fp8(self.comm.handle, self.num_experts, self.top_k, self.hidden, self.ffn,
+                                                self.w1, self.w1_scale, self.w2, self.w2_scale, self.torch_allocator)
 
     def forward(self, x, topk_ids, topk_weights, x_scale=None):
         self._ensure_layer()
@@ -217,10 +220,3 @@ class MoEFp8(torch.nn.Module):
                                            self.w2_scale)
         return torch.ops.epmoe.moe_mxfp8_x(self._layer, x, x_scale, topk_ids, topk_weights, self.w1, self.w1_scale,
                                            self.w2, self.w2_scale)
-
-    def __del__(self):
-        try:
-            if self._layer is not None:
-                torch.ops.epmoe.release_layer(self._layer)
-        except Exception:
-            pass

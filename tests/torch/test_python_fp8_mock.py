@@ -17,13 +17,16 @@ tensors, against formats written here from their specs in pure torch (fp64), not
 
     EPMOE_TORCH_LIB=build/torch/libepmoe_torch.so PYTHONPATH=python python3 tests/torch/test_python_fp8_mock.py
 """
-import threading
+import os
+import sys
 import unittest
 
 import torch
 import torch.nn.functional as F
 
-import epmoe
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import epmoe  # noqa: E402
+from test_python_mock import on_ranks  # noqa: E402
 
 
 def decode_e4m3(q):
@@ -115,27 +118,6 @@ def bf16_reference(w1, w2, x, ids, wts):
 def rel_l2(got, ref):
     n = ref.norm().item()
     return (got.double() - ref).norm().item() / n if n > 0 else (got.double() - ref).norm().item()
-
-
-def on_ranks(world, fn):
-    """fn(rank) on `world` threads; re-raises the first rank's error."""
-    results, errors = [None] * world, [None] * world
-
-    def main(r):
-        try:
-            results[r] = fn(r)
-        except Exception as e:  # reported below, per rank
-            errors[r] = e
-
-    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for r, e in enumerate(errors):
-        if e is not None:
-            raise AssertionError(f"rank {r}: {e}")
-    return results
 
 
 class Quantizers(unittest.TestCase):

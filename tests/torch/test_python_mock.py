@@ -61,6 +61,28 @@ def reference(w1, w2, ranks):
     return out, W1.grad, W2.grad
 
 
+def on_ranks(world, fn):
+    """fn(rank) for every mock rank, each on its own thread: the results in rank order, or an
+    AssertionError naming the first rank that raised."""
+    results, errors = [None] * world, [None] * world
+
+    def main(r):
+        try:
+            results[r] = fn(r)
+        except Exception as e:  # reported below, per rank
+            errors[r] = e
+
+    threads = [threading.Thread(target=main, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r, e in enumerate(errors):
+        if e is not None:
+            raise AssertionError(f"rank {r}: {e}")
+    return results
+
+
 def close(test, what, got, ref):
     got, ref = got.double(), ref.double()
     scale = ref.abs().max().item()
@@ -77,30 +99,20 @@ class MockRanks(unittest.TestCase):
         w1, w2, ranks = make_case(world, E, k, H, Fd, T, seed, drop)
         comms = epmoe.mock_world(world, 30.0)
         el = E // world
-        results, errors = [None] * world, [None] * world
 
         def rank_main(r):
-            try:
-                moe = epmoe.MoE(E, k, H, Fd, comms[r], save_policy=policy)
-                with torch.no_grad():
-                    moe.w1.copy_(w1[r * el:(r + 1) * el])
-                    moe.w2.copy_(w2[r * el:(r + 1) * el])
-                x, ids, wts, dy = ranks[r]
-                x = x.clone().requires_grad_()
-                wts = wts.clone().requires_grad_()
-                y = moe(x, ids, wts)
-                y.backward(dy)
-                results[r] = (y.detach(), x.grad, wts.grad, moe.w1.grad, moe.w2.grad)
-            except Exception as e:  # reported below, per rank
-                errors[r] = e
+            moe = epmoe.MoE(E, k, H, Fd, comms[r], save_policy=policy)
+            with torch.no_grad():
+                moe.w1.copy_(w1[r * el:(r + 1) * el])
+                moe.w2.copy_(w2[r * el:(r + 1) * el])
+            x, ids, wts, dy = ranks[r]
+            x = x.clone().requires_grad_()
+            wts = wts.clone().requires_grad_()
+            y = moe(x, ids, wts)
+            y.backward(dy)
+            return y.detach(), x.grad, wts.grad, moe.w1.grad, moe.w2.grad
 
-        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for r, e in enumerate(errors):
-            self.assertIsNone(e, f"rank {r}: {e}")
+        results = on_ranks(world, rank_main)
         ref_ranks, dw1, dw2 = reference(w1, w2, ranks)
         for r in range(world):
             _, dx, dwts, g1, g2 = results[r]
