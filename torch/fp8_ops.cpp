@@ -1,8 +1,10 @@
 // The FP8 inference ops (include/epmoe/torch.h): an MXFP8 or block-128 layer's forward on bf16 x or
 // on x given in MXFP8, and the host quantizers that make such weights. E4M3 and E8M0 travel as uint8
-// tensors: torch 1.13 (Debian's, CI's) has no float8 dtypes, and the bytes are the format either way.
+// tensors: torch 1.13 (Debian's, CI's) has no float8 dtypes, and the bytes are the format either way;
+// where torch has them, torch.float8_e4m3fn (2.1) and torch.float8_e8m0fnu (2.7) tensors pass too.
 #include <torch/library.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <climits>
 #include <vector>
@@ -85,6 +87,18 @@ at::Tensor moe_mxfp8_x_autograd(int64_t layer, const at::Tensor& x, const at::Te
   return moe_mxfp8_x(layer, x, x_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale);
 }
 
+// torch's own dtype for E4M3 / E8M0 where this torch has it (2.1 / 2.7), else uint8 (bytes only).
+at::ScalarType float8_type(DType d) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (d == DType::e4m3) return c10::ScalarType::Float8_e4m3fn;
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+  if (d == DType::e8m0) return c10::ScalarType::Float8_e8m0fnu;
+#endif
+  (void)d;
+  return at::kByte;
+}
+
 // The input as fp32 rows on the host, and its last dimension.
 at::Tensor host_f32(const at::Tensor& x, const char* what, int64_t* K) {
   EPMOE_CHECK(x.dim() >= 1 && c10::isFloatingType(x.scalar_type()), ErrorCode::invalid_argument, what,
@@ -97,9 +111,10 @@ at::Tensor host_f32(const at::Tensor& x, const char* what, int64_t* K) {
 }  // namespace
 
 TensorView view_as(const at::Tensor& t, DType dtype) {
-  EPMOE_CHECK(t.scalar_type() == at::kByte, ErrorCode::invalid_argument, "epmoe FP8 ops: ", dtype_name(dtype),
-              " data must be a uint8 tensor (its bytes; a float8 tensor: .view(torch.uint8)), got ",
-              t.scalar_type());
+  const bool bytes = t.scalar_type() == at::kByte;
+  EPMOE_CHECK(bytes || t.scalar_type() == float8_type(dtype), ErrorCode::invalid_argument, "epmoe FP8 ops: ",
+              dtype_name(dtype), " data must be a uint8 tensor of its bytes (or, where this torch has it, ",
+              dtype == DType::e4m3 ? "torch.float8_e4m3fn" : "torch.float8_e8m0fnu", "), got ", t.scalar_type());
   TensorView v = view_of(t);
   v.dtype = dtype;
   return v;

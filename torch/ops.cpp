@@ -3,6 +3,7 @@
 // memory from (torch's caching allocator).
 #include <torch/library.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <mutex>
 #include <unordered_map>
@@ -93,6 +94,12 @@ DType dtype_of(const at::Tensor& t) {
     case at::kFloat: return DType::f32;
     case at::kInt: return DType::i32;
     case at::kByte: return DType::u8;  // E4M3 / E8M0 bytes: view_as names which
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    case c10::ScalarType::Float8_e4m3fn: return DType::e4m3;  // (torch >= 2.1)
+#endif
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+    case c10::ScalarType::Float8_e8m0fnu: return DType::e8m0;  // (torch >= 2.7)
+#endif
     default: EPMOE_FAIL(ErrorCode::invalid_argument, "epmoe torch ops: unsupported dtype ", t.scalar_type());
   }
 }

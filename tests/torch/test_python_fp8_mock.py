@@ -211,6 +211,29 @@ class Fp8MockRanks(unittest.TestCase):
     def test_block128_world2_drops(self):
         self.run_world("block128", 2, 8, 2, 256, 128, 30, 25, drop=True)
 
+    def test_float8_dtypes(self):
+        """torch's float8 dtypes pass as themselves where this torch has them (E4M3: 2.1, E8M0: 2.7)."""
+        if not hasattr(torch, "float8_e4m3fn"):
+            self.skipTest(f"torch {torch.__version__} has no float8 dtypes (uint8 bytes are the only form)")
+        moe = epmoe.MoE(8, 2, 128, 128, epmoe.mock_world(1)[0])
+        plain = epmoe.MoEFp8.from_module(moe, "mxfp8")
+        e8m0 = getattr(torch, "float8_e8m0fnu", None)
+        scale = (lambda s: s.view(e8m0)) if e8m0 is not None else (lambda s: s)
+        typed = epmoe.MoEFp8(8, 2, 128, 128, moe.comm, plain.w1.view(torch.float8_e4m3fn), scale(plain.w1_scale),
+                             plain.w2.view(torch.float8_e4m3fn), scale(plain.w2_scale))
+        x, ids = torch.randn(12, 128).bfloat16(), torch.randint(0, 8, (12, 1))
+        ids = torch.cat([ids, (ids + 3) % 8], 1)
+        wts = torch.rand(12, 2)
+        xq, xs = epmoe.quantize_mxfp8(x)
+        with torch.no_grad():
+            want = plain(x, ids, wts)
+            self.assertTrue(torch.equal(typed(x, ids, wts).view(torch.int16), want.view(torch.int16)))
+            got = typed(xq.view(torch.float8_e4m3fn), ids, wts, x_scale=scale(xs))
+            self.assertTrue(torch.equal(got.view(torch.int16), want.view(torch.int16)))
+            with self.assertRaisesRegex(RuntimeError, "float8_e4m3fn"):  # a bf16 tensor where E4M3 belongs
+                torch.ops.epmoe.moe_fp8(typed._layer, x, ids, wts, moe.w1.detach(), typed.w1_scale, typed.w2,
+                                        typed.w2_scale)
+
     def test_refusals(self):
         moe = epmoe.MoE(4, 2, 128, 128, epmoe.mock_world(1)[0])
         fp8 = epmoe.MoEFp8.from_module(moe, "mxfp8")

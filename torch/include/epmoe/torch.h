@@ -45,12 +45,12 @@ void release_layer(int64_t handle) noexcept;
 
 // at::Tensor <-> TensorView (no copy; the tensor must be contiguous).
 TensorView view_of(const at::Tensor& t);
-// A uint8 tensor's bytes as E4M3 or E8M0 (torch 1.13 has no float8 dtypes; a torch.float8_e4m3fn
-// tensor passes as t.view(torch.uint8)).
+// A uint8 tensor's bytes as E4M3 or E8M0 (torch 1.13 has no float8 dtypes), or a torch.float8_e4m3fn
+// (torch >= 2.1) / torch.float8_e8m0fnu (torch >= 2.7) tensor as itself.
 TensorView view_as(const at::Tensor& t, DType dtype);
 
-// FP8 expert weights (epmoe/mxfp8.h, epmoe/fp8_block.h): w1, w2 uint8 E4M3 in ExpertWeights' shapes;
-// the scales uint8 E8M0 per 32 along K (MXFP8) or f32 per 128 x 128 block (block-128).
+// FP8 expert weights (epmoe/mxfp8.h, epmoe/fp8_block.h): w1, w2 E4M3 (view_as) in ExpertWeights'
+// shapes; the scales E8M0 per 32 along K (MXFP8) or f32 per 128 x 128 block (block-128).
 ExpertWeights fp8_weights_of(const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w2,
                              const at::Tensor& w2_scale);
 // An FP8 layer's forward (torch.ops.epmoe.moe_fp8): x bf16 [T, hidden], quantized by the layer; y bf16.
