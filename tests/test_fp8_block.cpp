@@ -24,6 +24,7 @@
 #include "epmoe/moe_layer.h"
 #include "epmoe/mxfp8.h"
 #include "epmoe/reference.h"
+#include "fp8_model.h"
 #include "test_support.h"
 
 namespace epmoe::test {
@@ -184,31 +185,6 @@ TEST(Fp8BlockReference, IsTheLayerWithinTheFormatsError) {
 
 // ---- the layer on CPU mock ranks ----------------------------------------------------------------
 
-struct BlockWeights {
-  std::vector<uint8_t> w1, w2;  // all experts, ExpertWeights' layouts
-  std::vector<float> w1s, w2s;
-};
-BlockWeights quantize(const ModelWeights& M) {
-  const int E = M.E, H = M.hidden, F = M.ffn;
-  BlockWeights q{std::vector<uint8_t>(M.w1.size()), std::vector<uint8_t>(M.w2.size()),
-                 std::vector<float>(size_t(E) * (2 * F / kB) * (H / kB)), std::vector<float>(size_t(E) * (H / kB) * (F / kB))};
-  for (int e = 0; e < E; ++e) {
-    fp8b::quantize_weight(&M.w1[size_t(e) * 2 * F * H], 2 * F, H, &q.w1[size_t(e) * 2 * F * H],
-                          &q.w1s[size_t(e) * (2 * F / kB) * (H / kB)]);
-    fp8b::quantize_weight(&M.w2[size_t(e) * H * F], H, F, &q.w2[size_t(e) * H * F], &q.w2s[size_t(e) * (H / kB) * (F / kB)]);
-  }
-  return q;
-}
-ExpertWeights shard(const BlockWeights& q, int E, int H, int F, int W, int r) {
-  const int El = E / W;
-  auto* m = const_cast<BlockWeights*>(&q);
-  return {TensorView::contiguous(m->w1.data() + size_t(r) * El * 2 * F * H, DType::e4m3, {El, 2 * F, H}),
-          TensorView::contiguous(m->w2.data() + size_t(r) * El * H * F, DType::e4m3, {El, H, F}),
-          TensorView::contiguous(m->w1s.data() + size_t(r) * El * (2 * F / kB) * (H / kB), DType::f32,
-                                 {El, 2 * F / kB, H / kB}),
-          TensorView::contiguous(m->w2s.data() + size_t(r) * El * (H / kB) * (F / kB), DType::f32, {El, H / kB, F / kB})};
-}
-
 struct BlockRun {
   int W, E, k, H, F;
   int64_t T;
@@ -223,7 +199,7 @@ void block_layer_case(const BlockRun& c) {
   SCOPED_TRACE("W=" + std::to_string(c.W) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " " +
                std::to_string(c.H) + "/" + std::to_string(c.F) + " T=" + std::to_string(c.T));
   const ModelWeights M = make_weights(c.E, c.H, c.F, 6000 + c.W);
-  const BlockWeights q = quantize(M);
+  const Fp8Model q = quantize_model(M, Fp8Layout::block128);
   std::vector<int64_t> bad_rows(size_t(c.W), -1);
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
     const MoeConfig cfg{.num_experts = c.E, .top_k = c.k, .hidden = c.H, .ffn = c.F, .world_size = c.W, .rank = r};
@@ -232,7 +208,7 @@ void block_layer_case(const BlockRun& c) {
       bad_rows[size_t(r)] = count_mismatched_rows(rows, meta, per_rank, c.k, 6100, c.T, c.H, fp8b::packed_row_bytes(c.H),
                                                   fp8b::quantize_packed_row);
     };
-    MoeLayer layer(cfg, shard(q, c.E, c.H, c.F, c.W, r), std::move(comm), opt);
+    MoeLayer layer(cfg, q.shard(c.W, r), std::move(comm), opt);
     const std::vector<bf16> x = make_x(6100, r, c.T, c.H);
     const Routing R = make_routing(c.T, c.E, c.k, c.kind, mix(6200, r), 0, c.W);
     std::vector<bf16> y(x.size());
@@ -245,8 +221,7 @@ void block_layer_case(const BlockRun& c) {
     for (int64_t n : st.send_rows) sent += n;
     EXPECT_EQ(st.dispatch_bytes, sent * (fp8b::packed_row_bytes(c.H) + 4 * (1 + 2 * c.k))) << "rank " << r;
     std::vector<float> ref(y.size());
-    reference_moe_fp8_block(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, q.w1.data(), q.w1s.data(),
-                            q.w2.data(), q.w2s.data(), c.E, c.H, c.F, ref.data());
+    q.reference(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, ref.data());
     EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.H, kCpuTolerance)) << "rank " << r;
   };
   report_rank_errors(run_mock_ranks(c.W, run), "fp8 block layer");
@@ -265,11 +240,11 @@ TEST(Fp8BlockLayer, MatchesTheFormatReference) {
 TEST(Fp8BlockLayer, RefusesWhatItDoesNotRun) {
   constexpr int W = 2, E = 4, k = 2, H = 128, F = 128;
   const ModelWeights M = make_weights(E, H, F, 6300);
-  const BlockWeights q = quantize(M);
+  const Fp8Model q = quantize_model(M, Fp8Layout::block128);
   std::vector<std::string> what(W), what_mx(W);
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
     const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
-    MoeLayer layer(cfg, shard(q, E, H, F, W, r), std::move(comm));
+    MoeLayer layer(cfg, q.shard(W, r), std::move(comm));
     const int64_t T = 5;
     const std::vector<bf16> x = make_x(6301, r, T, H);
     const Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(6302, r), 0, W);
@@ -301,7 +276,7 @@ TEST(Fp8BlockLayer, RefusesWhatItDoesNotRun) {
   // Construction (world 1): scale shapes and dims.
   auto comm = make_mock_world(1)[0];
   const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = 1, .rank = 0};
-  ExpertWeights good = shard(q, E, H, F, 1, 0);
+  ExpertWeights good = q.shard(1, 0);
   ExpertWeights bad = good;
   bad.w1_scale.shape[2] = 2;  // [E, 2F/128, 2]: not hidden / 128
   EXPECT_THROW(MoeLayer(cfg, bad, comm), Error);

@@ -16,6 +16,7 @@
 #include "epmoe/moe_layer.h"
 #include "epmoe/mxfp8.h"
 #include "epmoe/reference.h"
+#include "fp8_model.h"
 #include "test_support.h"
 
 namespace epmoe::test {
@@ -157,27 +158,6 @@ TEST(Mxfp8Format, PackedRowsHoldTheRoundTrip) {
 
 // ---- the layer on CPU mock ranks ----------------------------------------------------------------
 
-struct MxWeights {
-  std::vector<uint8_t> w1, w1s, w2, w2s;  // all experts, ExpertWeights' layouts
-};
-MxWeights quantize(const ModelWeights& M) {
-  const int E = M.E, H = M.hidden, F = M.ffn;
-  MxWeights q{std::vector<uint8_t>(M.w1.size()), std::vector<uint8_t>(M.w1.size() / mx::kBlock),
-              std::vector<uint8_t>(M.w2.size()), std::vector<uint8_t>(M.w2.size() / mx::kBlock)};
-  mx::quantize_rows(M.w1.data(), int64_t(E) * 2 * F, H, q.w1.data(), q.w1s.data());
-  mx::quantize_rows(M.w2.data(), int64_t(E) * H, F, q.w2.data(), q.w2s.data());
-  return q;
-}
-// Rank r's shard (El experts from r El) as ExpertWeights.
-ExpertWeights shard(const MxWeights& q, int E, int H, int F, int W, int r) {
-  const int El = E / W;
-  auto* m = const_cast<MxWeights*>(&q);
-  return {TensorView::contiguous(m->w1.data() + size_t(r) * El * 2 * F * H, DType::e4m3, {El, 2 * F, H}),
-          TensorView::contiguous(m->w2.data() + size_t(r) * El * H * F, DType::e4m3, {El, H, F}),
-          TensorView::contiguous(m->w1s.data() + size_t(r) * El * 2 * F * (H / 32), DType::e8m0, {El, 2 * F, H / 32}),
-          TensorView::contiguous(m->w2s.data() + size_t(r) * El * H * (F / 32), DType::e8m0, {El, H, F / 32})};
-}
-
 struct MxRun {
   int W, E, k, H, F;
   int64_t T;
@@ -192,7 +172,7 @@ void mx_layer_case(const MxRun& c) {
   SCOPED_TRACE("W=" + std::to_string(c.W) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " " +
                std::to_string(c.H) + "/" + std::to_string(c.F) + " T=" + std::to_string(c.T));
   const ModelWeights M = make_weights(c.E, c.H, c.F, 5000 + c.W);
-  const MxWeights q = quantize(M);
+  const Fp8Model q = quantize_model(M, Fp8Layout::mxfp8);
   std::vector<double> err2(c.W, 0), ref2(c.W, 0);
   std::vector<int64_t> bad_rows(c.W, -1);
   auto run = [&](int r, std::shared_ptr<Communicator> comm) {
@@ -204,7 +184,7 @@ void mx_layer_case(const MxRun& c) {
       bad_rows[size_t(r)] = count_mismatched_rows(rows, meta, per_rank, c.k, 5100, c.T, c.H, mx::packed_row_bytes(c.H),
                                                   mx::quantize_packed_row);
     };
-    MoeLayer layer(cfg, shard(q, c.E, c.H, c.F, c.W, r), std::move(comm), opt);
+    MoeLayer layer(cfg, q.shard(c.W, r), std::move(comm), opt);
     const std::vector<bf16> x = make_x(5100, r, c.T, c.H);
     const Routing R = make_routing(c.T, c.E, c.k, c.kind, mix(5200, r), 0, c.W);
     std::vector<bf16> y(x.size());
@@ -219,8 +199,7 @@ void mx_layer_case(const MxRun& c) {
     for (int64_t n : st.send_rows) sent += n;
     EXPECT_EQ(st.dispatch_bytes, sent * (mx::packed_row_bytes(c.H) + 4 * (1 + 2 * c.k))) << "rank " << r;
     std::vector<float> ref(y.size()), ref_bf16(y.size());
-    reference_moe_mxfp8(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, q.w1.data(), q.w1s.data(), q.w2.data(),
-                        q.w2s.data(), c.E, c.H, c.F, ref.data());
+    q.reference(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, ref.data());
     EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.H, kCpuTolerance)) << "rank " << r;
     reference_moe(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, M.w1.data(), M.w2.data(), c.E, c.H, c.F,
                   ref_bf16.data());
@@ -255,12 +234,12 @@ TEST(Mxfp8Layer, MatchesTheFormatReference) {
 TEST(Mxfp8Layer, SavingForwardIsRefusedOnEveryRank) {
   constexpr int W = 2, E = 4, k = 2, H = 64, F = 64;
   const ModelWeights M = make_weights(E, H, F, 5300);
-  const MxWeights q = quantize(M);
+  const Fp8Model q = quantize_model(M, Fp8Layout::mxfp8);
   for (int savers : {1, 2}) {
     std::vector<std::string> what(W);
     auto run = [&](int r, std::shared_ptr<Communicator> comm) {
       const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
-      MoeLayer layer(cfg, shard(q, E, H, F, W, r), std::move(comm));
+      MoeLayer layer(cfg, q.shard(W, r), std::move(comm));
       const int64_t T = 5;
       const std::vector<bf16> x = make_x(5301, r, T, H);
       const Routing R = make_routing(T, E, k, RoutingKind::uniform, mix(5302, r), 0, W);
@@ -289,13 +268,13 @@ TEST(Mxfp8Layer, PreQuantizedXGivesTheSameY) {
   constexpr int W = 2, E = 8, k = 2, H = 128, F = 64;
   constexpr int64_t T = 37;
   const ModelWeights M = make_weights(E, H, F, 5500);
-  const MxWeights q = quantize(M);
+  const Fp8Model q = quantize_model(M, Fp8Layout::mxfp8);
   for (int bad_rank : {-1, 1}) {
     std::vector<std::string> what(W);
     std::vector<int64_t> differ(W, -1);
     auto run = [&](int r, std::shared_ptr<Communicator> comm) {
       const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = W, .rank = r};
-      MoeLayer layer(cfg, shard(q, E, H, F, W, r), std::move(comm));
+      MoeLayer layer(cfg, q.shard(W, r), std::move(comm));
       const std::vector<bf16> x = make_x(5501, r, T, H);
       const Routing R = make_routing(T, E, k, RoutingKind::zipf, mix(5502, r), 0, W);
       std::vector<uint8_t> xq(size_t(T) * H), xs(size_t(T) * H / 32);
@@ -359,7 +338,7 @@ TEST(Mxfp8Layer, PreQuantizedXGivesTheSameY) {
 
 TEST(Mxfp8Layer, BadWeightsAreRefusedClearly) {
   const ModelWeights M = make_weights(2, 64, 64, 5400);
-  MxWeights q = quantize(M);
+  const Fp8Model q = quantize_model(M, Fp8Layout::mxfp8);
   const MoeConfig cfg{.num_experts = 2, .top_k = 1, .hidden = 64, .ffn = 64, .world_size = 1, .rank = 0};
   auto expect_error = [&](ExpertWeights w, ErrorCode code, const std::string& text) {
     auto comm = make_mock_world(1)[0];
@@ -371,7 +350,7 @@ TEST(Mxfp8Layer, BadWeightsAreRefusedClearly) {
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     }
   };
-  ExpertWeights w = shard(q, 2, 64, 64, 1, 0);
+  ExpertWeights w = q.shard(1, 0);
   ExpertWeights no_scale = w;
   no_scale.w2_scale = {};
   expect_error(no_scale, ErrorCode::invalid_argument, "w2_scale");

@@ -14,10 +14,8 @@
 
 #include "comm/mock_comm.h"
 #include "ep_case.h"
+#include "fp8_model.h"
 #include "epmoe/error.h"
-#include "epmoe/fp8_block.h"
-#include "epmoe/mxfp8.h"
-#include "epmoe/reference.h"
 #include "epmoe/torch.h"
 
 namespace epmoe::test {
@@ -44,35 +42,16 @@ std::string message_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-// All experts quantized on the host, in ExpertWeights' layouts (the references' weights).
-struct QuantizedModel {
-  std::vector<uint8_t> w1, w2;
-  std::vector<uint8_t> w1s_mx, w2s_mx;    // MXFP8
-  std::vector<float> w1s_b128, w2s_b128;  // block-128
-};
-QuantizedModel quantize_model(const ModelWeights& M, Fp8Format f) {
-  const int E = M.E, H = M.hidden, F = M.ffn;
-  QuantizedModel q{std::vector<uint8_t>(M.w1.size()), std::vector<uint8_t>(M.w2.size()), {}, {}, {}, {}};
-  if (f == Fp8Format::mxfp8) {
-    q.w1s_mx.resize(M.w1.size() / mx::kBlock), q.w2s_mx.resize(M.w2.size() / mx::kBlock);
-    mx::quantize_rows(M.w1.data(), int64_t(E) * 2 * F, H, q.w1.data(), q.w1s_mx.data());
-    mx::quantize_rows(M.w2.data(), int64_t(E) * H, F, q.w2.data(), q.w2s_mx.data());
-  } else {
-    const int64_t s1 = int64_t(2 * F / fp8b::kBlock) * (H / fp8b::kBlock), s2 = int64_t(H / fp8b::kBlock) * (F / fp8b::kBlock);
-    q.w1s_b128.resize(size_t(E * s1)), q.w2s_b128.resize(size_t(E * s2));
-    for (int e = 0; e < E; ++e) {
-      fp8b::quantize_weight(M.w1_of(e), 2 * F, H, q.w1.data() + size_t(e) * 2 * F * H, q.w1s_b128.data() + e * s1);
-      fp8b::quantize_weight(M.w2_of(e), H, F, q.w2.data() + size_t(e) * H * F, q.w2s_b128.data() + e * s2);
-    }
-  }
-  return q;
+// The test support's host-quantized model in the module's format.
+Fp8Model quantize_model(const ModelWeights& M, Fp8Format f) {
+  return test::quantize_model(M, f == Fp8Format::mxfp8 ? Fp8Layout::mxfp8 : Fp8Layout::block128);
 }
 
 TEST(TorchFp8, QuantizersGiveTheHostQuantizersBytes) {
   const ModelWeights M = make_weights(2, 128, 128, 77);  // w1 [2, 256, 128]: both formats block it
   const at::Tensor w1 = from_bf16(M.w1.data(), {2, 256, 128});
   for (Fp8Format f : {Fp8Format::mxfp8, Fp8Format::block128}) {
-    const QuantizedModel q = quantize_model(M, f);
+    const Fp8Model q = quantize_model(M, f);
     const auto [q1, s1] = f == Fp8Format::mxfp8 ? torch_ext::quantize_mxfp8(w1) : torch_ext::quantize_fp8_block128(w1);
     ASSERT_EQ(q1.scalar_type(), at::kByte);
     EXPECT_EQ(q1.sizes(), w1.sizes());
@@ -80,11 +59,11 @@ TEST(TorchFp8, QuantizersGiveTheHostQuantizersBytes) {
     if (f == Fp8Format::mxfp8) {
       ASSERT_EQ(s1.scalar_type(), at::kByte);
       EXPECT_EQ(s1.sizes(), (std::vector<int64_t>{2, 256, 4}));
-      EXPECT_EQ(bytes_of<uint8_t>(s1), std::vector<uint8_t>(q.w1s_mx.begin(), q.w1s_mx.begin() + s1.numel()));
+      EXPECT_EQ(bytes_of<uint8_t>(s1), std::vector<uint8_t>(q.w1s_e8m0.begin(), q.w1s_e8m0.begin() + s1.numel()));
     } else {
       ASSERT_EQ(s1.scalar_type(), at::kFloat);
       EXPECT_EQ(s1.sizes(), (std::vector<int64_t>{2, 2, 1}));
-      EXPECT_EQ(bytes_of<float>(s1), std::vector<float>(q.w1s_b128.begin(), q.w1s_b128.begin() + s1.numel()));
+      EXPECT_EQ(bytes_of<float>(s1), std::vector<float>(q.w1s_f32.begin(), q.w1s_f32.begin() + s1.numel()));
     }
   }
   // fp32 input of the same values: the same bytes (bf16 -> fp32 is exact).
@@ -136,25 +115,9 @@ void run_rank(const Fp8Case& fc, int me, std::shared_ptr<Communicator> comm) {
   const std::string tag = case_name(fc) + " rank " + std::to_string(me);
 
   // MoeLayer on the host quantizers' weights (this rank's shard): the same bits.
-  const QuantizedModel q = quantize_model(M, fc.format);
+  const Fp8Model q = quantize_model(M, fc.format);
   const bool mxf = fc.format == Fp8Format::mxfp8;
-  ExpertWeights ew{TensorView::contiguous(const_cast<uint8_t*>(q.w1.data()) + size_t(me) * El * 2 * F * H, DType::e4m3,
-                                          {El, 2 * F, H}),
-                   TensorView::contiguous(const_cast<uint8_t*>(q.w2.data()) + size_t(me) * El * H * F, DType::e4m3,
-                                          {El, H, F})};
-  if (mxf) {
-    ew.w1_scale = TensorView::contiguous(const_cast<uint8_t*>(q.w1s_mx.data()) + size_t(me) * El * 2 * F * (H / 32),
-                                         DType::e8m0, {El, 2 * F, H / 32});
-    ew.w2_scale = TensorView::contiguous(const_cast<uint8_t*>(q.w2s_mx.data()) + size_t(me) * El * H * (F / 32),
-                                         DType::e8m0, {El, H, F / 32});
-  } else {
-    const int64_t s1 = int64_t(2 * F / 128) * (H / 128), s2 = int64_t(H / 128) * (F / 128);
-    ew.w1_scale = TensorView::contiguous(const_cast<float*>(q.w1s_b128.data()) + me * El * s1, DType::f32,
-                                         {El, 2 * F / 128, H / 128});
-    ew.w2_scale = TensorView::contiguous(const_cast<float*>(q.w2s_b128.data()) + me * El * s2, DType::f32,
-                                         {El, H / 128, F / 128});
-  }
-  MoeLayer plain(cfg, ew, comm);
+  MoeLayer plain(cfg, q.shard(W, me), comm);
   std::vector<bf16> yv(size_t(T) * H);
   std::vector<int32_t> idv = R.ids;
   std::vector<float> wv = R.weights;
@@ -165,12 +128,7 @@ void run_rank(const Fp8Case& fc, int me, std::shared_ptr<Communicator> comm) {
 
   // The exact-format reference over all experts.
   std::vector<float> ref(size_t(T) * H);
-  if (mxf)
-    reference_moe_mxfp8(xv.data(), R.ids.data(), R.weights.data(), T, k, q.w1.data(), q.w1s_mx.data(), q.w2.data(),
-                        q.w2s_mx.data(), E, H, F, ref.data());
-  else
-    reference_moe_fp8_block(xv.data(), R.ids.data(), R.weights.data(), T, k, q.w1.data(), q.w1s_b128.data(),
-                            q.w2.data(), q.w2s_b128.data(), E, H, F, ref.data());
+  q.reference(xv.data(), R.ids.data(), R.weights.data(), T, k, ref.data());
   EXPECT_TRUE(close_to_reference(static_cast<const bf16*>(y.data_ptr()), ref.data(), T, H, kCpuTolerance)) << tag;
 
   if (mxf) {  // x given in MXFP8: forward()'s y on the bf16 x it stands for
