@@ -19,8 +19,6 @@ namespace epmoe::torch_ext {
 
 namespace {
 
-c10::OperatorHandle op(const char* name) { return c10::Dispatcher::singleton().findSchemaOrThrow(name, ""); }
-
 // y bf16 [T, hidden of the layer], on x's device.
 at::Tensor output_for(const at::Tensor& x, const MoeLayer& L) {
   EPMOE_CHECK(x.dim() == 2, ErrorCode::invalid_argument, "epmoe FP8 ops: x must be [T, hidden], got ", x.dim(),

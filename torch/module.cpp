@@ -1,5 +1,6 @@
 // The C++ modules over the ops (include/epmoe/torch.h): Moe (bf16, autograd) and MoeFp8 (inference).
 #include <cmath>
+#include <functional>
 #include <tuple>
 
 #include "epmoe/error.h"
@@ -7,6 +8,23 @@
 #include "registry.h"
 
 namespace epmoe::torch_ext {
+
+namespace {
+
+// A module's MoeLayer follows its weights' device: built there on the first call and again after a
+// move (both collective, as every rank's forward is), by make(options). On CUDA the layer's memory
+// comes from torch's caching allocator, unless the options name an allocator of their own.
+void keep_layer_on_weights(const at::Tensor& w1, LayerOptions options, int64_t& handle, c10::Device& device,
+                           const std::function<std::shared_ptr<MoeLayer>(const LayerOptions&)>& make) {
+  if (handle != 0 && w1.device() == device) return;
+  if (handle != 0) release_layer(handle);
+  handle = 0;
+  if (w1.is_cuda() && !options.device_allocator) options.device_allocator = torch_device_allocator();
+  handle = register_layer(make(options));
+  device = w1.device();
+}
+
+}  // namespace
 
 MoeImpl::MoeImpl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, LayerOptions options)
     : cfg_(cfg), comm_(std::move(comm)), options_(std::move(options)) {
@@ -24,21 +42,11 @@ MoeImpl::~MoeImpl() {
 }
 
 at::Tensor MoeImpl::forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
-  // The MoeLayer follows the Parameters' device (built there on the first call, and again after a
-  // move; both collective, as every rank's forward is).
-  if (handle_ == 0 || w1.device() != layer_device_) {
-    if (handle_ != 0) release_layer(handle_);
-    handle_ = 0;
+  keep_layer_on_weights(w1, options_, handle_, layer_device_, [&](const LayerOptions& opt) {
     EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
                 "epmoe::torch_ext::Moe: w1 and w2 must be contiguous");
-    // On CUDA the layer's memory comes from torch's caching allocator, unless the options name an
-    // allocator of their own.
-    LayerOptions opt = options_;
-    if (w1.is_cuda() && !opt.device_allocator) opt.device_allocator = torch_device_allocator();
-    auto layer = std::make_shared<MoeLayer>(cfg_, ExpertWeights{view_of(w1), view_of(w2)}, comm_, opt);
-    handle_ = register_layer(std::move(layer));
-    layer_device_ = w1.device();
-  }
+    return std::make_shared<MoeLayer>(cfg_, ExpertWeights{view_of(w1), view_of(w2)}, comm_, opt);
+  });
   return moe(handle_, x, topk_ids, topk_weights, w1, w2);
 }
 
@@ -72,13 +80,9 @@ MoeFp8Impl::~MoeFp8Impl() {
 }
 
 void MoeFp8Impl::ensure_layer() {
-  if (handle_ != 0 && w1.device() == layer_device_) return;
-  if (handle_ != 0) release_layer(handle_);
-  handle_ = 0;
-  LayerOptions opt = options_;
-  if (w1.is_cuda() && !opt.device_allocator) opt.device_allocator = torch_device_allocator();
-  handle_ = register_layer(std::make_shared<MoeLayer>(cfg_, fp8_weights_of(w1, w1_scale, w2, w2_scale), comm_, opt));
-  layer_device_ = w1.device();
+  keep_layer_on_weights(w1, options_, handle_, layer_device_, [&](const LayerOptions& opt) {
+    return std::make_shared<MoeLayer>(cfg_, fp8_weights_of(w1, w1_scale, w2, w2_scale), comm_, opt);
+  });
 }
 
 at::Tensor MoeFp8Impl::forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights) {

@@ -186,10 +186,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> backward_meta(int64_t
   return {at::empty_like(dy), dtw_meta(layer, dy), at::empty_like(w1), at::empty_like(w2)};
 }
 
-c10::OperatorHandle op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
-}
-
 class MoeFunction : public torch::autograd::Function<MoeFunction> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, int64_t layer, const at::Tensor& x,
@@ -242,6 +238,10 @@ at::Tensor moe_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& to
 void release_context_op(int64_t id) { contexts().remove(id); }
 
 }  // namespace
+
+c10::OperatorHandle op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
+}
 
 void* stream_of(const at::Tensor& t) {
   if (!t.is_cuda()) return nullptr;

@@ -98,13 +98,19 @@ int64_t nccl_world_op(const at::Tensor& unique_id, int64_t rank, int64_t world, 
 
 void release_comm_op(int64_t h) { comms().remove(h); }
 
+// The layer's config on communicator c (its rank and world size).
+MoeConfig config_of(const Communicator& c, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn) {
+  MoeConfig cfg;
+  cfg.num_experts = int(num_experts), cfg.top_k = int(top_k), cfg.hidden = int(hidden), cfg.ffn = int(ffn);
+  cfg.world_size = c.world_size(), cfg.rank = c.rank();
+  return cfg;
+}
+
 int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
                         const at::Tensor& w1, const at::Tensor& w2, c10::string_view save_policy,
                         bool torch_allocator, bool deterministic) {
   const std::shared_ptr<Communicator> c = comm_of(comm);
-  MoeConfig cfg;
-  cfg.num_experts = int(num_experts), cfg.top_k = int(top_k), cfg.hidden = int(hidden), cfg.ffn = int(ffn);
-  cfg.world_size = c->world_size(), cfg.rank = c->rank();
+  const MoeConfig cfg = config_of(*c, num_experts, top_k, hidden, ffn);
   LayerOptions opt;
   const std::string p(save_policy);
   EPMOE_CHECK(p == "preact" || p == "recompute", ErrorCode::invalid_argument,
@@ -122,9 +128,7 @@ int64_t create_layer_fp8_op(int64_t comm, int64_t num_experts, int64_t top_k, in
                             const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w2,
                             const at::Tensor& w2_scale, bool torch_allocator) {
   const std::shared_ptr<Communicator> c = comm_of(comm);
-  MoeConfig cfg;
-  cfg.num_experts = int(num_experts), cfg.top_k = int(top_k), cfg.hidden = int(hidden), cfg.ffn = int(ffn);
-  cfg.world_size = c->world_size(), cfg.rank = c->rank();
+  const MoeConfig cfg = config_of(*c, num_experts, top_k, hidden, ffn);
   LayerOptions opt;
   if (w1.is_cuda() && torch_allocator) opt.device_allocator = torch_device_allocator();
   return register_layer(std::make_shared<MoeLayer>(cfg, fp8_weights_of(w1, w1_scale, w2, w2_scale), c, opt));

@@ -9,11 +9,12 @@
 #include "epmoe/device_allocator.h"
 #include "epmoe/error.h"
 
-namespace at {
-class Tensor;
-}
+#include <ATen/core/dispatch/Dispatcher.h>
 
 namespace epmoe::torch_ext {
+
+// A registered epmoe op by its name ("epmoe::moe"), for typed calls through the dispatcher (ops.cpp).
+c10::OperatorHandle op(const char* name);
 
 // The current CUDA stream of a CUDA tensor's device (the stream the ops order their work on);
 // nullptr for a CPU tensor (ops.cpp).
