@@ -28,4 +28,18 @@ struct Fp8Model {
 
 Fp8Model quantize_model(const ModelWeights& M, Fp8Layout layout);
 
+// One FP8 layer (MoeLayer on the quantized model, x bf16) forward on CPU mock ranks.
+struct Fp8LayerRun {
+  int W, E, k, H, F;
+  int64_t T;
+  RoutingKind kind;
+};
+// Checks on every rank: y against the format's reference within kCpuTolerance (the bf16 path's fp32-vs-
+// fp64 sums and final rounding, plus act elements that fp32 and fp64 put on either side of an E4M3
+// rounding boundary), the received rows byte for byte (each the packed quantization of its source
+// token's row: half the bytes of a bf16 dispatch, nearly) and the dispatch's byte count. Weights, x and
+// routing come from seed, seed + 100 and seed + 200. Returns the relative L2 distance of all ranks' y
+// from the bf16 layer's reference on the unquantized weights (the format's own end-to-end error).
+double fp8_layer_case(Fp8Layout layout, const Fp8LayerRun& c, uint64_t seed);
+
 }  // namespace epmoe::test

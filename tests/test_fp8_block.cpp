@@ -185,54 +185,18 @@ TEST(Fp8BlockReference, IsTheLayerWithinTheFormatsError) {
 
 // ---- the layer on CPU mock ranks ----------------------------------------------------------------
 
-struct BlockRun {
-  int W, E, k, H, F;
-  int64_t T;
-  RoutingKind kind;
-};
-
-// Each rank's y against reference_moe_fp8_block (kCpuTolerance, as the MXFP8 layer's test: the same
-// fp32-vs-fp64 sums and final bf16 rounding, and act elements that the fp32 and fp64 values put on
-// either side of an E4M3 rounding boundary), the received rows byte for byte (each the packed
-// quantization of its source token's row), and the dispatch's bytes.
-void block_layer_case(const BlockRun& c) {
-  SCOPED_TRACE("W=" + std::to_string(c.W) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " " +
-               std::to_string(c.H) + "/" + std::to_string(c.F) + " T=" + std::to_string(c.T));
-  const ModelWeights M = make_weights(c.E, c.H, c.F, 6000 + c.W);
-  const Fp8Model q = quantize_model(M, Fp8Layout::block128);
-  std::vector<int64_t> bad_rows(size_t(c.W), -1);
-  auto run = [&](int r, std::shared_ptr<Communicator> comm) {
-    const MoeConfig cfg{.num_experts = c.E, .top_k = c.k, .hidden = c.H, .ffn = c.F, .world_size = c.W, .rank = r};
-    LayerOptions opt;
-    opt.on_receive = [&, r](const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank) {
-      bad_rows[size_t(r)] = count_mismatched_rows(rows, meta, per_rank, c.k, 6100, c.T, c.H, fp8b::packed_row_bytes(c.H),
-                                                  fp8b::quantize_packed_row);
-    };
-    MoeLayer layer(cfg, q.shard(c.W, r), std::move(comm), opt);
-    const std::vector<bf16> x = make_x(6100, r, c.T, c.H);
-    const Routing R = make_routing(c.T, c.E, c.k, c.kind, mix(6200, r), 0, c.W);
-    std::vector<bf16> y(x.size());
-    layer.forward(TensorView::contiguous(const_cast<bf16*>(x.data()), DType::bf16, {c.T, c.H}),
-                  TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {c.T, c.k}),
-                  TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {c.T, c.k}),
-                  TensorView::contiguous(y.data(), DType::bf16, {c.T, c.H}));
-    const ForwardStats& st = layer.last_stats();
-    int64_t sent = 0;
-    for (int64_t n : st.send_rows) sent += n;
-    EXPECT_EQ(st.dispatch_bytes, sent * (fp8b::packed_row_bytes(c.H) + 4 * (1 + 2 * c.k))) << "rank " << r;
-    std::vector<float> ref(y.size());
-    q.reference(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, ref.data());
-    EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.H, kCpuTolerance)) << "rank " << r;
-  };
-  report_rank_errors(run_mock_ranks(c.W, run), "fp8 block layer");
-  for (int r = 0; r < c.W; ++r) EXPECT_EQ(bad_rows[size_t(r)], 0) << "rank " << r << "'s received rows";
-}
-
+// The layer's y against reference_moe_fp8_block on every rank, its dispatched rows byte for byte and
+// their bytes (fp8_layer_case), and against the bf16 layer.
 TEST(Fp8BlockLayer, MatchesTheFormatReference) {
-  for (const BlockRun& c : {BlockRun{1, 8, 2, 128, 128, 40, RoutingKind::uniform},
-                            BlockRun{2, 8, 2, 256, 128, 33, RoutingKind::zipf},
-                            BlockRun{4, 16, 4, 128, 256, 24, RoutingKind::with_drops}})
-    block_layer_case(c);
+  for (const Fp8LayerRun& c : {Fp8LayerRun{1, 8, 2, 128, 128, 40, RoutingKind::uniform},
+                               Fp8LayerRun{2, 8, 2, 256, 128, 33, RoutingKind::zipf},
+                               Fp8LayerRun{4, 16, 4, 128, 256, 24, RoutingKind::with_drops}}) {
+    const double rel = fp8_layer_case(Fp8Layout::block128, c, 6000);
+    // The same four E4M3 roundings as MXFP8 (a block's scale maps its largest element to 448, so no
+    // saturation, but a 128-wide block leaves small elements further down the E4M3 range): the
+    // reference's own bound, 12% (IsTheLayerWithinTheFormatsError above); an indexing or scale error is O(1).
+    EXPECT_LT(rel, 0.12);
+  }
 }
 
 // A saving forward fails on every rank alike (one rank asking is enough), forward_mxfp8 is refused

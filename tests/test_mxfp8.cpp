@@ -158,75 +158,20 @@ TEST(Mxfp8Format, PackedRowsHoldTheRoundTrip) {
 
 // ---- the layer on CPU mock ranks ----------------------------------------------------------------
 
-struct MxRun {
-  int W, E, k, H, F;
-  int64_t T;
-  RoutingKind kind;
-};
-
-// Each rank's y against reference_moe_mxfp8 (kCpuTolerance: the same fp32-vs-fp64 sums and final
-// bf16 rounding as the bf16 path; the activation's E4M3 rounding can flip where the fp32 and fp64
-// values straddle a rounding boundary, one element's 1/16 in a sum over ffn) and against the bf16
-// reference (the format's own error, reported and bounded).
-void mx_layer_case(const MxRun& c) {
-  SCOPED_TRACE("W=" + std::to_string(c.W) + " E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " " +
-               std::to_string(c.H) + "/" + std::to_string(c.F) + " T=" + std::to_string(c.T));
-  const ModelWeights M = make_weights(c.E, c.H, c.F, 5000 + c.W);
-  const Fp8Model q = quantize_model(M, Fp8Layout::mxfp8);
-  std::vector<double> err2(c.W, 0), ref2(c.W, 0);
-  std::vector<int64_t> bad_rows(c.W, -1);
-  auto run = [&](int r, std::shared_ptr<Communicator> comm) {
-    const MoeConfig cfg{.num_experts = c.E, .top_k = c.k, .hidden = c.H, .ffn = c.F, .world_size = c.W, .rank = r};
-    // The dispatched rows are packed MXFP8 (epmoe/mxfp8.h): each the quantization of its source
-    // token's row on its source rank.
-    LayerOptions opt;
-    opt.on_receive = [&, r](const void* rows, const int32_t* meta, const std::vector<int64_t>& per_rank) {
-      bad_rows[size_t(r)] = count_mismatched_rows(rows, meta, per_rank, c.k, 5100, c.T, c.H, mx::packed_row_bytes(c.H),
-                                                  mx::quantize_packed_row);
-    };
-    MoeLayer layer(cfg, q.shard(c.W, r), std::move(comm), opt);
-    const std::vector<bf16> x = make_x(5100, r, c.T, c.H);
-    const Routing R = make_routing(c.T, c.E, c.k, c.kind, mix(5200, r), 0, c.W);
-    std::vector<bf16> y(x.size());
-    layer.forward(TensorView::contiguous(const_cast<bf16*>(x.data()), DType::bf16, {c.T, c.H}),
-                  TensorView::contiguous(const_cast<int32_t*>(R.ids.data()), DType::i32, {c.T, c.k}),
-                  TensorView::contiguous(const_cast<float*>(R.weights.data()), DType::f32, {c.T, c.k}),
-                  TensorView::contiguous(y.data(), DType::bf16, {c.T, c.H}));
-    // Half the bytes of a bf16 dispatch, nearly: hidden + hidden / 32 (padded to 16) per row, plus the
-    // metadata.
-    const ForwardStats& st = layer.last_stats();
-    int64_t sent = 0;
-    for (int64_t n : st.send_rows) sent += n;
-    EXPECT_EQ(st.dispatch_bytes, sent * (mx::packed_row_bytes(c.H) + 4 * (1 + 2 * c.k))) << "rank " << r;
-    std::vector<float> ref(y.size()), ref_bf16(y.size());
-    q.reference(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, ref.data());
-    EXPECT_TRUE(close_to_reference(y.data(), ref.data(), c.T, c.H, kCpuTolerance)) << "rank " << r;
-    reference_moe(x.data(), R.ids.data(), R.weights.data(), c.T, c.k, M.w1.data(), M.w2.data(), c.E, c.H, c.F,
-                  ref_bf16.data());
-    for (size_t i = 0; i < y.size(); ++i) {
-      const double d = double(y[i].f()) - ref_bf16[i];
-      err2[size_t(r)] += d * d;
-      ref2[size_t(r)] += double(ref_bf16[i]) * ref_bf16[i];
-    }
-  };
-  report_rank_errors(run_mock_ranks(c.W, run), "mxfp8 layer");
-  for (int r = 0; r < c.W; ++r) EXPECT_EQ(bad_rows[size_t(r)], 0) << "rank " << r << "'s received rows";
-  double e = 0, n = 0;
-  for (int r = 0; r < c.W; ++r) e += err2[size_t(r)], n += ref2[size_t(r)];
-  const double rel = n > 0 ? std::sqrt(e / n) : 0.0;
-  std::printf("MXFP8 layer W=%d E=%d k=%d %d/%d T=%lld: relative L2 against the bf16 layer %.4f\n", c.W, c.E, c.k, c.H,
-              c.F, (long long)c.T, rel);
-  // The format's error: x, W1, act and W2 each rounded to 3 mantissa bits (up to 2^-4 relative,
-  // 2^-4 / sqrt(3) = 3.6% rms per operand at worst, and the blocks whose largest element passes 448
-  // scale units saturate it by up to 12.5%): ~sqrt(4) x 3.6% = 7.2% on the output, measured
-  // 7.2-7.8% here. Bound 12%: an indexing or scale error (O(1)) cannot meet it.
-  if (n > 0) EXPECT_LT(rel, 0.12);
-}
-
+// The layer's y against reference_moe_mxfp8 on every rank, its dispatched rows byte for byte and their
+// bytes (fp8_layer_case), and against the bf16 layer: the format's own error, bounded below.
 TEST(Mxfp8Layer, MatchesTheFormatReference) {
-  for (const MxRun& c : {MxRun{1, 8, 2, 128, 128, 40, RoutingKind::uniform}, MxRun{2, 8, 2, 256, 96, 33, RoutingKind::zipf},
-                       MxRun{4, 16, 4, 128, 64, 24, RoutingKind::with_drops}, MxRun{2, 4, 1, 32, 32, 9, RoutingKind::uniform}})
-    mx_layer_case(c);
+  for (const Fp8LayerRun& c : {Fp8LayerRun{1, 8, 2, 128, 128, 40, RoutingKind::uniform},
+                               Fp8LayerRun{2, 8, 2, 256, 96, 33, RoutingKind::zipf},
+                               Fp8LayerRun{4, 16, 4, 128, 64, 24, RoutingKind::with_drops},
+                               Fp8LayerRun{2, 4, 1, 32, 32, 9, RoutingKind::uniform}}) {
+    const double rel = fp8_layer_case(Fp8Layout::mxfp8, c, 5000);
+    // The format's error: x, W1, act and W2 each rounded to 3 mantissa bits (up to 2^-4 relative,
+    // 2^-4 / sqrt(3) = 3.6% rms per operand at worst, and the blocks whose largest element passes 448
+    // scale units saturate it by up to 12.5%): ~sqrt(4) x 3.6% = 7.2% on the output, measured
+    // 7.2-7.8% here. Bound 12%: an indexing or scale error (O(1)) cannot meet it.
+    EXPECT_LT(rel, 0.12);
+  }
 }
 
 // A saving forward on an MXFP8 layer fails on every rank alike, even where only one rank asked to save
