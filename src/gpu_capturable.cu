@@ -20,6 +20,12 @@
 //   combine_reduce      y[t] = sum over ranks of its returned rows; NaN rows after a bad layout
 //   Bytes per rank and forward, whatever T is: W N (2 hidden + 4 (1 + 2k)) + W 8 header_words out,
 //   W N 2 hidden back.
+//
+// An FP8 layer (MXFP8 or block-128) quantizes x's first *num_tokens rows into packed rows of its
+// format first (pack_rows_mx / pack_rows_fp8b, the device count bounding them); local mode gathers
+// from those rows, the slots carry them (hidden + hidden / 32 or / 32 bytes of scales, padded to 16,
+// instead of 2 hidden). The experts run in the form chosen once here for the capacity's pairs
+// (choose_mx_form; block-128: its tile form), forward-only (no save, no capturable backward).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,9 +37,12 @@
 #include "kernels/ep/capturable_layout.cuh"
 #include "kernels/ep/combine_reduce.cuh"
 #include "kernels/ep/dispatch_layout.cuh"
+#include "kernels/ep/pack_rows_fp8b.cuh"
+#include "kernels/ep/pack_rows_mx.cuh"
 #include "kernels/expert_problem.cuh"
 #include "kernels/sm90/dgrad.cuh"
 #include "kernels/sm90/experts.cuh"
+#include "kernels/sm90/swap_mx.cuh"
 #include "kernels/sm90/wgrad.cuh"
 
 namespace epmoe::gpu {
@@ -57,22 +66,39 @@ void GpuEngine::init_capturable() {
   // The capturable backward's kernels: dgrad (k, n) = (hidden, ffn) and (2 ffn, hidden), wgrad (m, n)
   // the same pairs (asked once: the config and the device are fixed).
   const int H = cfg.hidden, F = cfg.ffn;
-  cap_bwd_supported_ = kernels::sm90_dgrad_supported(H, F) && kernels::sm90_dgrad_supported(2 * F, H) &&
+  cap_bwd_supported_ = !fp8_ && kernels::sm90_dgrad_supported(H, F) && kernels::sm90_dgrad_supported(2 * F, H) &&
                        kernels::sm90_wgrad_supported(H, F) && kernels::sm90_wgrad_supported(2 * F, H);
   size_t bytes = 0;
   (void)carve_layout({}, El, cap_rows_, &bytes);
   cap_layout_.ensure(bytes);
   EPMOE_CUDA_CHECK(cudaMemset(cap_layout_.as<void>(), 0, cap_layout_.bytes()));  // the error record: none
-  cap_act_.ensure(size_t(cap_rows_) * cfg.ffn * sizeof(bf16));
-  // The fused pipeline's accumulator, where a call's plan can be fused (the rule picks it for the
-  // fewest pairs first, so the smallest call decides); zeroed once, every replay leaves it zero.
-  const kernels::Sm90Shape fewest{El, cfg.hidden, cfg.ffn, cap_rows_, std::min(cfg.top_k, El)};
-  if (kernels::resolve_sm90_plan(fewest, sm90_device_, opt_.sm90_plan).fused) {
+  bool fused = false;
+  if (fp8_) {
+    // One form for every replay: the rule's for the capacity's pairs (as the bf16 plan below takes
+    // its bound), the caller's swap= / fused= on top; block-128 has the tile form only.
+    cap_mx_form_ = fp8_scales_ == kernels::Fp8Scales::block128
+                       ? kernels::MxForm::tile
+                       : kernels::choose_mx_form(rows * std::min(cfg.top_k, El), El, opt_.sm90_plan.swap_ab,
+                                                 opt_.sm90_plan.fused);
+    fused = cap_mx_form_ == kernels::MxForm::fused;
+    cap_act_.ensure(size_t(cap_rows_) * size_t(kernels::fp8_packed_row_bytes(fp8_scales_, F)));
+    cap_xq_.ensure(size_t(N) * size_t(kernels::fp8_packed_row_bytes(fp8_scales_, H)));
+    // (zeroed once: a bad num_tokens makes the layout read every row, the quantized ones or not)
+    EPMOE_CUDA_CHECK(cudaMemset(cap_xq_.as<void>(), 0, cap_xq_.bytes()));
+  } else {
+    cap_act_.ensure(size_t(cap_rows_) * cfg.ffn * sizeof(bf16));
+    // Where a call's plan can be fused (the rule picks it for the fewest pairs first, so the
+    // smallest call decides).
+    const kernels::Sm90Shape fewest{El, cfg.hidden, cfg.ffn, cap_rows_, std::min(cfg.top_k, El)};
+    fused = kernels::resolve_sm90_plan(fewest, sm90_device_, opt_.sm90_plan).fused;
+  }
+  // The fused pipeline's accumulator: zeroed once, every replay leaves it zero.
+  if (fused) {
     cap_fused_acc_.ensure(size_t(rows) * cfg.hidden * sizeof(float));
     EPMOE_CUDA_CHECK(cudaMemset(cap_fused_acc_.as<void>(), 0, cap_fused_acc_.bytes()));
   }
   if (cap_slots_on_) {
-    (void)carve_slots({}, cfg, N, &bytes);
+    (void)carve_slots({}, cfg, N, wire_row_bytes(), &bytes);
     cap_slots_.ensure(bytes);
   }
 }
@@ -97,6 +123,8 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   EPMOE_CHECK(attr.type == cudaMemoryTypeManaged || (attr.type == cudaMemoryTypeDevice && attr.device == device_),
               ErrorCode::invalid_argument, "forward_capturable: num_tokens must be device memory of cuda:", device_,
               " (it is read when the work runs, so a graph replays at any count)");
+  EPMOE_CHECK(!(save && fp8_), ErrorCode::unsupported,
+              "forward_capturable: an FP8 layer is forward-only: a forward that saves for backward is not supported");
   if (save) {
     check_capturable_backward("forward_capturable(save)");
     if (!cap_bwd_.fits(1)) init_capturable_backward(s);
@@ -122,6 +150,30 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
     const Sm90Plan plan = kernels::resolve_sm90_plan(kernels::sm90_shape(prob), sm90_device_, opt_.sm90_plan);
     kernels::sm90_experts_launch(prob, plan, s);
   };
+  // An FP8 layer's experts on packed rows of its format (xr: x's quantized rows, or the received ones).
+  auto experts_fp8 = [&](const uint8_t* xr, bf16* out, int64_t rows) {
+    kernels::MxExpertProblem m;
+    m.x = xr, m.x_rows = rows;
+    m.padded_offsets = lay.offsets, m.pair_row = lay.pair_row, m.pair_weight = lay.pair_weight;
+    m.w1 = w1q_, m.w1_scale = w1s_, m.w2 = w2q_, m.w2_scale = w2s_;
+    m.act = cap_act_.as<uint8_t>();
+    m.out = reinterpret_cast<__nv_bfloat16*>(out), m.out_rows = rows;
+    m.rows_capacity = cap_rows_, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
+    m.scales = fp8_scales_;
+    m.form = cap_mx_form_;
+    m.zero_out = m.form != kernels::MxForm::fused;  // (the fused write-out writes every row)
+    if (m.form == kernels::MxForm::fused) m.out_acc = cap_fused_acc_.as<float>();
+    kernels::sm90_mx_experts_launch(m, s);
+  };
+  // x's first *num_tokens rows quantized to packed rows of the layer's format, in cap_xq_.
+  auto quantize_x = [&]() {
+    uint8_t* xq = cap_xq_.as<uint8_t>();
+    if (fp8_scales_ == kernels::Fp8Scales::block128)
+      kernels::pack_rows_fp8b_launch(x.ptr<__nv_bfloat16>(), cfg.hidden, nullptr, N, xq, s, num_tokens);
+    else
+      kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), cfg.hidden, nullptr, N, xq, s, num_tokens);
+    return static_cast<const uint8_t*>(xq);
+  };
   kernels::CapturableLayoutArgs la;
   la.top_k = k;
   la.experts = El;
@@ -137,13 +189,16 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
     la.topk_weights = wts.ptr<float>();
     la.num_tokens = num_tokens;
     kernels::capturable_layout_launch(la, s);
-    if (N > 0) experts(x.ptr<bf16>(), y.ptr<bf16>(), N);
+    if (N > 0 && fp8_) experts_fp8(quantize_x(), y.ptr<bf16>(), N);
+    else if (N > 0) experts(x.ptr<bf16>(), y.ptr<bf16>(), N);
     return;
   }
 
   // The slots transport. Every rank's slots are N rows, so N must agree across ranks (a mismatch
   // is the caller's: NCCL would see unequal sizes).
-  const SlotArrays sl = carve_slots({static_cast<char*>(cap_slots_.as<void>())}, cfg, opt_.max_tokens_per_rank);
+  const size_t wire = wire_row_bytes();  // a dispatched row: bf16, or a packed FP8 row
+  const SlotArrays sl =
+      carve_slots({static_cast<char*>(cap_slots_.as<void>())}, cfg, opt_.max_tokens_per_rank, wire);
   const int64_t C = opt_.max_tokens_per_rank;  // slot rows (the same on every rank, unlike N)
   const int mw = protocol::meta_words(k), hw = protocol::header_words(El);
   kernels::DispatchLayoutArgs d;
@@ -166,8 +221,8 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   kernels::dispatch_layout_launch(d, s);
   kernels::count_headers_launch(sl.status, sl.send_rows, sl.send_pairs, nullptr, W, El, sl.hdr_send, s);
   kernels::SlotPackArgs pk;
-  pk.x = x.ptr<__nv_bfloat16>();
-  pk.hidden = cfg.hidden;
+  pk.x = fp8_ ? static_cast<const void*>(quantize_x()) : x.data;
+  pk.row_bytes = int64_t(wire);
   pk.send_token = sl.send_token;
   pk.send_meta = sl.send_meta;
   pk.meta_words = mw;
@@ -183,7 +238,7 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   const size_t row_bytes = size_t(cfg.hidden) * sizeof(bf16);
   CommStreamScope comm_stream(*comm_, s);
   const AlltoallvPlane out[3] = {equal_plane(sl.hdr_send, sl.hdr_recv, W, size_t(hw) * sizeof(int64_t)),
-                                 equal_plane(sl.send_x, sl.recv_x, W, size_t(C) * row_bytes),
+                                 equal_plane(sl.send_x, sl.recv_x, W, size_t(C) * wire),
                                  equal_plane(sl.send_meta_slots, sl.recv_meta, W, size_t(C) * mw * sizeof(int32_t))};
   comm_->alltoallv(out);
 
@@ -193,7 +248,8 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   la.header_words = hw;
   la.world = W;
   kernels::capturable_layout_launch(la, s);
-  experts(sl.recv_x, sl.combine, int64_t(W) * C);
+  if (fp8_) experts_fp8(sl.recv_x, sl.combine, int64_t(W) * C);
+  else experts(reinterpret_cast<const bf16*>(sl.recv_x), sl.combine, int64_t(W) * C);
 
   const AlltoallvPlane back[1] = {equal_plane(sl.combine, sl.back, W, size_t(C) * row_bytes)};
   comm_->alltoallv(back);

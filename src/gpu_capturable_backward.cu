@@ -41,6 +41,7 @@ using namespace capturable;
 void GpuEngine::check_capturable_backward(const char* who) const {
   EPMOE_CHECK(opt_.max_tokens_per_rank > 0, ErrorCode::invalid_argument, who,
               ": the layer was built without LayerOptions::max_tokens_per_rank");
+  EPMOE_CHECK(!fp8_, ErrorCode::unsupported, who, ": an FP8 layer is forward-only (no capturable backward)");
   EPMOE_CHECK(cap_bwd_supported_, ErrorCode::unsupported, who, ": the capturable backward's sm_90 dgrad / wgrad "
               "kernels need hidden (", cfg.hidden, ") and ffn (", cfg.ffn, ") multiples of 256 on an sm_90a device");
 }
@@ -91,16 +92,16 @@ void GpuEngine::backward_capturable(const TensorView& x, const TensorView& ids, 
   CommStreamScope comm_stream(*comm_, s);
   if (cap_slots_on_) {
     NvtxRange r("dispatch dy");
-    sl = carve_slots({static_cast<char*>(cap_slots_.as<void>())}, cfg, C);
+    sl = carve_slots({static_cast<char*>(cap_slots_.as<void>())}, cfg, C, row_bytes);
     kernels::SlotPackArgs pk;  // the forward's routes (its token_row rewrite is the same again)
     pk.x = dy.ptr<__nv_bfloat16>();
-    pk.hidden = H;
+    pk.row_bytes = int64_t(row_bytes);
     pk.send_token = sl.send_token;
     pk.send_offsets = sl.send_offsets;
     pk.world = W;
     pk.slot_rows = C;
     pk.max_rows = N * std::min(k, W);
-    pk.send_x = bf(sl.send_x);
+    pk.send_x = sl.send_x;
     pk.token_row = sl.token_row;
     kernels::slot_pack_launch(pk, s);
     const AlltoallvPlane out[1] = {equal_plane(sl.send_x, b.recv_dy, W, size_t(C) * row_bytes)};

@@ -49,14 +49,18 @@ inline LayoutArrays carve_layout(Carver c, int El, int64_t rows, size_t* bytes =
 }
 
 // cap_slots_: the slots transport's source and destination buffers (N tokens, W slots of N rows).
+// send_x / recv_x hold dispatched rows of wire_row_bytes (bf16 rows, or an FP8 layer's packed rows);
+// combine / back bf16 rows of hidden.
 struct SlotArrays {
   int64_t *status, *send_rows, *send_offsets, *send_pairs, *hdr_send, *hdr_recv;
   int32_t *token_row, *send_meta, *send_token, *send_meta_slots, *recv_meta;
   void* layout_ws;
   size_t layout_ws_bytes;
-  bf16 *send_x, *recv_x, *combine, *back;
+  uint8_t *send_x, *recv_x;
+  bf16 *combine, *back;
 };
-inline SlotArrays carve_slots(Carver c, const MoeConfig& cfg, int64_t N, size_t* bytes = nullptr) {
+inline SlotArrays carve_slots(Carver c, const MoeConfig& cfg, int64_t N, size_t wire_row_bytes,
+                              size_t* bytes = nullptr) {
   const int W = cfg.world_size, El = cfg.experts_per_rank(), hw = protocol::header_words(El);
   const int mw = protocol::meta_words(cfg.top_k);
   const size_t slots = size_t(W) * size_t(N), max_rows = size_t(N) * std::min(cfg.top_k, W);
@@ -74,8 +78,8 @@ inline SlotArrays carve_slots(Carver c, const MoeConfig& cfg, int64_t N, size_t*
   a.recv_meta = c.take<int32_t>(slots * mw);
   a.layout_ws_bytes = kernels::dispatch_layout_workspace_bytes(N, W);
   a.layout_ws = c.take<char>(a.layout_ws_bytes);
-  a.send_x = c.take<bf16>(slots * cfg.hidden);
-  a.recv_x = c.take<bf16>(slots * cfg.hidden);
+  a.send_x = c.take<uint8_t>(slots * wire_row_bytes);
+  a.recv_x = c.take<uint8_t>(slots * wire_row_bytes);
   a.combine = c.take<bf16>(slots * cfg.hidden);
   a.back = c.take<bf16>(slots * cfg.hidden);
   if (bytes) *bytes = c.used;

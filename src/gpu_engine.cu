@@ -78,9 +78,9 @@ GpuEngine::GpuEngine(const MoeConfig& c, const ExpertWeights& w, std::shared_ptr
     Sm90PlanOverride rest = opt.sm90_plan;  // an FP8 layer reads only the form (swap=, fused=) of a plan
     rest.swap_ab.reset();
     rest.fused.reset();
-    EPMOE_CHECK(opt.max_tokens_per_rank == 0 && !opt.deterministic && rest.empty(), ErrorCode::unsupported,
-                "an FP8 layer on cuda has no capturable forward (max_tokens_per_rank), no deterministic mode and "
-                "takes of an sm90_plan override only swap=on|off and fused=on|off (its swap-AB, tile or fused form)");
+    EPMOE_CHECK(!opt.deterministic && rest.empty(), ErrorCode::unsupported,
+                "an FP8 layer on cuda has no deterministic mode and takes of an sm90_plan override only swap=on|off "
+                "and fused=on|off (its swap-AB, tile or fused form)");
   }
 
   switch (fp8_ ? ExpertPath::sm90 : opt.expert_path) {

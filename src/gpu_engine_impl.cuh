@@ -141,7 +141,7 @@ class GpuEngine final : public MoeLayer::Engine {
   const __nv_bfloat16* w2_ = nullptr;
   // An FP8 layer (ExpertWeights::fp8): its E4M3 weights and their scales (w1_ / w2_ stay null) in
   // fp8_scales_'s format (MXFP8's E8M0 bytes or block-128's fp32 words), run by the FP8 kernels
-  // (kernels/sm90/swap_mx.cuh); forward-only, not capturable.
+  // (kernels/sm90/swap_mx.cuh); forward-only (the capturable forward too).
   bool fp8_ = false;
   kernels::Fp8Scales fp8_scales_ = kernels::Fp8Scales::mx32;
   const uint8_t *w1q_ = nullptr, *w1s_ = nullptr, *w2q_ = nullptr, *w2s_ = nullptr;
@@ -185,13 +185,19 @@ class GpuEngine final : public MoeLayer::Engine {
                       &recv_meta_, &combine_,   &xs_,        &act_,        &pair_row_,  &pair_weight_,
                       &expert_ws_, &cublas_ws_, &b_dys_,     &b_da_,       &b_dh_,      &b_act_s_,  &b_dxp_,
                       &b_ds_pair_, &b_row_pair_, &b_ds_rows_, &b_ds_back_, &b_h_, &cap_layout_, &cap_act_,
-                      &cap_slots_, &det_pair_out_, &det_row_pair_, &fused_acc_, &cap_fused_acc_, &cap_bwd_};
+                      &cap_slots_, &det_pair_out_, &det_row_pair_, &fused_acc_, &cap_fused_acc_, &cap_bwd_,
+                      &cap_xq_};
   }
 
   // the capturable forward's (sized once, for max_tokens_per_rank; gpu_capturable.cu carves them):
-  // the expert layout and error record, act [cap_rows_, ffn], and the slots transport's buffers
+  // the expert layout and error record, act [cap_rows_, ffn] (bf16, or packed FP8 rows), and the slots
+  // transport's buffers
   DeviceBuffer cap_layout_, cap_act_, cap_slots_;
   DeviceBuffer cap_fused_acc_;  // (sized at construction where a capturable plan can be fused; else null)
+  // An FP8 layer's: x's rows quantized to its format [N] (packed rows), act as packed rows, and the
+  // experts' form, fixed at construction for every replay
+  DeviceBuffer cap_xq_;
+  kernels::MxForm cap_mx_form_ = kernels::MxForm::swap;
   int64_t cap_rows_ = 0;
   bool cap_slots_on_ = false;  // the slots transport (else local)
   // the capturable backward's scratch (gpu_capturable_buffers.cuh: carve_backward), and what the

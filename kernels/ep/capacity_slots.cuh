@@ -6,11 +6,12 @@
 //
 // slot_pack: the dispatch layout's send rows (destination-major, send_offsets on the device) into
 // the slots, and token_row rewritten to slot positions for the source reduce:
-//   x[N, hidden] bf16, send_token[rows] i32, send_meta[rows, meta_words] i32, send_offsets[W + 1]
-//     -> send_x[W * slot_rows, hidden], send_meta_slots[W * slot_rows, meta_words],
+//   x[N] rows of row_bytes (bf16 rows, or an FP8 layer's packed rows), send_token[rows] i32,
+//   send_meta[rows, meta_words] i32, send_offsets[W + 1]
+//     -> send_x[W * slot_rows] rows of row_bytes, send_meta_slots[W * slot_rows, meta_words],
 //        token_row[t, p] = p * slot_rows + (row - send_offsets[p]) for each sent (t, p)
 // `max_rows` bounds the rows the layout can produce (N * min(k, W)); the real count is read on the
-// device (send_offsets[W]). hidden % 8 == 0, 16-byte aligned rows.
+// device (send_offsets[W]). row_bytes % 16 == 0, 16-byte aligned rows.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,8 +21,8 @@
 namespace epmoe::kernels {
 
 struct SlotPackArgs {
-  const __nv_bfloat16* x = nullptr;
-  int hidden = 0;
+  const void* x = nullptr;
+  int64_t row_bytes = 0;
   const int32_t* send_token = nullptr;
   const int32_t* send_meta = nullptr;
   int meta_words = 0;
@@ -29,7 +30,7 @@ struct SlotPackArgs {
   int world = 1;
   int64_t slot_rows = 0;
   int64_t max_rows = 0;
-  __nv_bfloat16* send_x = nullptr;        // [world * slot_rows, hidden]
+  void* send_x = nullptr;                 // [world * slot_rows] rows of row_bytes
   int32_t* send_meta_slots = nullptr;     // [world * slot_rows, meta_words]
   int32_t* token_row = nullptr;           // [N, world], as dispatch_layout wrote it (rows -> slots)
 };

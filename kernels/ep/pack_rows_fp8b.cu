@@ -14,11 +14,12 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 __global__ void pack_rows_fp8b_kernel(const uint2* __restrict__ x, int hidden, const int32_t* __restrict__ send_token,
-                                      int64_t rows, uint8_t* __restrict__ send, int64_t row_bytes) {
+                                      int64_t rows, const int64_t* __restrict__ device_rows,
+                                      uint8_t* __restrict__ send, int64_t row_bytes) {
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
+  if (row >= rows || (device_rows != nullptr && row >= *device_rows)) return;
   const int lane = int(threadIdx.x % 32), blocks = hidden / fp8b::kBlock;
-  const uint2* src = x + int64_t(send_token[row]) * (hidden / 4);
+  const uint2* src = x + (send_token != nullptr ? int64_t(send_token[row]) : row) * (hidden / 4);
   uint8_t* dst = send + row * row_bytes;
   float* scales = reinterpret_cast<float*>(dst + hidden);
   for (int b = 0; b < blocks; ++b) {
@@ -44,13 +45,13 @@ __global__ void pack_rows_fp8b_kernel(const uint2* __restrict__ x, int hidden, c
 }  // namespace
 
 void pack_rows_fp8b_launch(const __nv_bfloat16* x, int hidden, const int32_t* send_token, int64_t rows, uint8_t* send,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const int64_t* device_rows) {
   if (rows <= 0) return;
   EPMOE_CHECK(hidden > 0 && hidden % fp8b::kBlock == 0, ErrorCode::internal, "pack_rows_fp8b: hidden ", hidden,
               " is not a multiple of ", fp8b::kBlock);
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   pack_rows_fp8b_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      reinterpret_cast<const uint2*>(x), hidden, send_token, rows, send, fp8b::packed_row_bytes(hidden));
+      reinterpret_cast<const uint2*>(x), hidden, send_token, rows, device_rows, send, fp8b::packed_row_bytes(hidden));
   EPMOE_CUDA_CHECK_LAUNCH("pack_rows_fp8b_kernel");
 }
 

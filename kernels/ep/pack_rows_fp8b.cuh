@@ -11,7 +11,9 @@
 
 namespace epmoe::kernels {
 
+// send_token null: the identity (send[r] from x[r]). device_rows (device memory, read when the
+// kernel runs): only rows below min(rows, *device_rows) are written (the capturable forward's count).
 void pack_rows_fp8b_launch(const __nv_bfloat16* x, int hidden, const int32_t* send_token, int64_t rows, uint8_t* send,
-                           cudaStream_t stream);
+                           cudaStream_t stream, const int64_t* device_rows = nullptr);
 
 }  // namespace epmoe::kernels

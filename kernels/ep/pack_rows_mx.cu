@@ -14,11 +14,12 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 
 __global__ void pack_rows_mx_kernel(const uint4* __restrict__ x, int hidden, const int32_t* __restrict__ send_token,
-                                    int64_t rows, uint8_t* __restrict__ send, int64_t row_bytes) {
+                                    int64_t rows, const int64_t* __restrict__ device_rows,
+                                    uint8_t* __restrict__ send, int64_t row_bytes) {
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
+  if (row >= rows || (device_rows != nullptr && row >= *device_rows)) return;
   const int lane = int(threadIdx.x % 32), blocks = hidden / mx::kBlock;
-  const uint4* src = x + int64_t(send_token[row]) * (hidden / 8);
+  const uint4* src = x + (send_token != nullptr ? int64_t(send_token[row]) : row) * (hidden / 8);
   uint8_t* dst = send + row * row_bytes;
   for (int b = lane; b < blocks; b += 32) {
     float v[32];
@@ -76,13 +77,13 @@ void pack_rows_mx_given_launch(const uint8_t* xq, const uint8_t* xs, int hidden,
 }
 
 void pack_rows_mx_launch(const __nv_bfloat16* x, int hidden, const int32_t* send_token, int64_t rows, uint8_t* send,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const int64_t* device_rows) {
   if (rows <= 0) return;
   EPMOE_CHECK(hidden > 0 && hidden % mx::kBlock == 0, ErrorCode::internal, "pack_rows_mx: hidden ", hidden,
               " is not a multiple of ", mx::kBlock);
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   pack_rows_mx_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      reinterpret_cast<const uint4*>(x), hidden, send_token, rows, send, mx::packed_row_bytes(hidden));
+      reinterpret_cast<const uint4*>(x), hidden, send_token, rows, device_rows, send, mx::packed_row_bytes(hidden));
   EPMOE_CUDA_CHECK_LAUNCH("pack_rows_mx_kernel");
 }
 

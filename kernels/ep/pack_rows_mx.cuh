@@ -12,8 +12,10 @@
 
 namespace epmoe::kernels {
 
+// send_token null: the identity (send[r] from x[r]). device_rows (device memory, read when the
+// kernel runs): only rows below min(rows, *device_rows) are written (the capturable forward's count).
 void pack_rows_mx_launch(const __nv_bfloat16* x, int hidden, const int32_t* send_token, int64_t rows, uint8_t* send,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const int64_t* device_rows = nullptr);
 
 // The same packed rows from x already in the format (MoeLayer::forward_mxfp8): xq[T, hidden] E4M3 and
 // xs[T, hidden / 32] E8M0 copied as they are, send[r] = mx::pack_row of token send_token[r].

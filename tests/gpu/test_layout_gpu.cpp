@@ -438,6 +438,43 @@ TEST(PackAndReduceGpu, PackRowsFp8BlockMatchesTheHostQuantizer) {
   }
 }
 
+// The capturable forward's quantization of x: no token list (row r from x[r]) and a device count
+// (read when the kernel runs): rows below min(rows, count) are the host quantizer's bytes, the rest
+// keep their poison (never written), for both formats and counts 0, 1, 37, rows and past rows.
+TEST(PackAndReduceGpu, PackRowsByDeviceCountWritesOnlyThoseRows) {
+  REQUIRE_CUDA();
+  const int H = 384;
+  const int64_t rows = 40;
+  const std::vector<bf16> x = random_bf16(size_t(rows) * H, 83, 1.0f);
+  Dev<bf16> d_x(x);
+  for (bool block : {false, true})
+    for (int64_t count : {int64_t(0), int64_t(1), int64_t(37), rows, rows + 5}) {
+      SCOPED_TRACE(std::string(block ? "block-128" : "MXFP8") + " count " + std::to_string(count));
+      const int64_t bytes = block ? fp8b::packed_row_bytes(H) : mx::packed_row_bytes(H);
+      Dev<uint8_t> d_send(size_t(rows * bytes), 0x5a);
+      Dev<int64_t> d_count(std::vector<int64_t>{count});
+      const auto* xb = reinterpret_cast<const __nv_bfloat16*>(d_x.get());
+      if (block)
+        kernels::pack_rows_fp8b_launch(xb, H, nullptr, rows, d_send.get(), nullptr, d_count.get());
+      else
+        kernels::pack_rows_mx_launch(xb, H, nullptr, rows, d_send.get(), nullptr, d_count.get());
+      ck(cudaDeviceSynchronize(), "sync");
+      const std::vector<uint8_t> got = d_send.host();
+      const int64_t written = std::min(rows, count);
+      std::vector<uint8_t> want(static_cast<size_t>(bytes));
+      int64_t bad = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (r < written) {
+          if (block) fp8b::quantize_packed_row(&x[size_t(r) * H], H, want.data());
+          else mx::quantize_packed_row(&x[size_t(r) * H], H, want.data());
+        } else {
+          std::fill(want.begin(), want.end(), uint8_t(0x5a));
+        }
+        bad += std::memcmp(got.data() + r * bytes, want.data(), size_t(bytes)) != 0 ? 1 : 0;
+      }
+      EXPECT_EQ(bad, 0) << "rows differing from the quantizer's (below the count) or from the poison (past it)";
+    }
+}
+
 }  // namespace
 }  // namespace epmoe::test
-
