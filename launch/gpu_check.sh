@@ -18,7 +18,8 @@
 #                  on the small sm90 case of every kernel form and on test_layout_gpu; memcheck on
 #                  test_capturable_gpu (one graph replay test, bad token counts) and test_forward_gpu
 #                  (all but the past-2^31 case); all four tools on test_capturable_backward_gpu's
-#                  bf16-gradient case (the dgrad kernels, the device-bounded backward kernels)
+#                  bf16-gradient case (the dgrad kernels, the device-bounded backward kernels);
+#                  memcheck + initcheck on test_capturable_fp8_gpu (block-128 replays, bad ids, mock ranks)
 #   bench_experts  epmoe_bench_experts + launch/baseline_moe.py + launch/compare_experts.py
 #   bench_decode   epmoe_bench_experts --forms at issue 48's decode shapes (auto, 128-row, swap-AB and fused
 #                  side by side with the weight floor) + baseline_moe.py on them (compare_decode.txt)
@@ -351,6 +352,10 @@ stage_sanitizer() {
   # at every T and the bad token counts; '*' (fused and mock-rank variants too) ran past its share of
   # a 575 s budget three sessions running
   sanitize_one test_capturable_gpu 'CapturableGpu.GraphReplaysAtEveryTokenCount:*BadTokenCount*' $(( left / 6 )) memcheck \
+    --report-api-errors no || rc=1
+  # the FP8 capturable forward (x quantized by the device count, packed FP8 rows through the slots,
+  # the block-128 tile form and the MX swap-AB form under replay, bad ids and counts, device mock ranks)
+  sanitize_one test_capturable_fp8_gpu '*Block*:*BadIds*:*Slots*' $(( left / 8 )) memcheck,initcheck \
     --report-api-errors no || rc=1
   sanitize_one test_forward_gpu '-*Past32BitOffsets*' $(( STAGE_DEADLINE - SECONDS )) memcheck \
     --report-api-errors no || rc=1

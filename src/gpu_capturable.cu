@@ -100,6 +100,8 @@ void GpuEngine::init_capturable() {
   if (cap_slots_on_) {
     (void)carve_slots({}, cfg, N, wire_row_bytes(), &bytes);
     cap_slots_.ensure(bytes);
+    // (zeroed once: the all-to-alls move whole slots, their rows past a slot's real ones included)
+    EPMOE_CUDA_CHECK(cudaMemset(cap_slots_.as<void>(), 0, cap_slots_.bytes()));
   }
 }
 

@@ -28,7 +28,7 @@ namespace epmoe {
 // on the fly and requantizes the activation before DOWN, in its format; it is forward-only (a saving
 // forward or a backward raises Error(unsupported)). On cuda it runs the sm_90 FP8 kernels: MXFP8 in
 // the fused, swap-AB or tile form by the heuristics tier, block-128 in its tile form (hidden and ffn
-// multiples of 128; no capturable forward or deterministic mode; of an sm90_plan override only
+// multiples of 128; no deterministic mode; of an sm90_plan override only
 // swap=on|off and fused=on|off, the form, and block-128 refuses swap=on and fused=on); forward_mxfp8
 // takes x given in MXFP8 on either engine.
 struct ExpertWeights {
@@ -197,6 +197,9 @@ class MoeLayer {
   // Collective like forward (every rank calls it, or replays its graph, the same number of times);
   // the transport between ranks moves fixed-size slots of N rows (LayerOptions::
   // capturable_transport). A rank's bad routing fails only that rank's rows.
+  // An FP8 layer quantizes x's first num_tokens rows on the device and moves packed FP8 rows through
+  // the slots; its kernel form is fixed at construction from the capacity's pairs (N min(k, E_local)
+  // per rank; LayerOptions::sm90_plan's swap= / fused= override it); no save.
   // save: also keep what backward_capturable needs, in the layer's own buffers (the layout, the
   // received rows, h under rows_and_preactivation): one saved capturable forward per layer at a
   // time, the next forward_capturable replaces it. The first saving call sizes those buffers, so it
