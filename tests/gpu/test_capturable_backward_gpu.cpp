@@ -25,6 +25,7 @@
 
 #include "backward_case.h"
 #include "comm/mock_comm.h"
+#include "capturable_support.h"
 #include "device_array.h"
 #include "ep_case.h"
 #include "epmoe/error.h"
@@ -220,8 +221,6 @@ struct Rank {
   }
 };
 
-const char* name(CapturableTransport t) { return t == CapturableTransport::slots ? "slots" : "local"; }
-
 EpCase make_case(int world, std::vector<int64_t> tokens, RoutingKind kind, int round) {
   EpCase c = make_ep_case(world, kE, kK, kHidden, kFfn, tokens[0], kind, /*focus=*/(3 * round) % kE, kSeed);
   c.tokens = std::move(tokens);
@@ -229,7 +228,7 @@ EpCase make_case(int world, std::vector<int64_t> tokens, RoutingKind kind, int r
 }
 
 void graph_replays(CapturableTransport transport, SavePolicy policy) {
-  const std::string tag = std::string(name(transport)) +
+  const std::string tag = std::string(transport_name(transport)) +
                           (policy == SavePolicy::rows_recompute ? ", rows_recompute" : ", rows_and_preactivation");
   SCOPED_TRACE(tag);
   Rank rk(1, 0, single_comm(), transport, policy);
@@ -301,31 +300,16 @@ TEST_F(CapturableBackwardGpu, Bf16GradientsAndAccumulate) {
 TEST_F(CapturableBackwardGpu, SlotsAcrossDeviceMockRanks) {
   const int W = 2, dev = current_device();
   const EpCase c = make_case(W, {33, 80}, RoutingKind::zipf, 2);
-  auto comms = make_device_mock_world(W, dev, 120.0);
-  std::vector<std::exception_ptr> errors(W);
-  std::vector<std::string> failures(W);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < W; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ck(cudaSetDevice(dev), "cudaSetDevice");
-        Rank rk(W, r, comms[size_t(r)], CapturableTransport::automatic, SavePolicy::rows_recompute);
-        rk.upload(c);
-        rk.forward();
-        rk.backward();
-        ck(cudaStreamSynchronize(rk.stream), "sync");
-        failures[size_t(r)] = rk.check(c, reference_grads(c, r));
-        rk.layer->check_capturable(rk.stream);
-      } catch (...) {
-        errors[size_t(r)] = std::current_exception();
-        mock_world_abort(*comms[size_t(r)], "rank " + std::to_string(r) + " failed");
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < W; ++r) {
-    EXPECT_FALSE(errors[size_t(r)]) << "rank " << r << ": " << describe_exception(errors[size_t(r)]);
-    EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
-  }
+  run_device_mock_ranks(W, dev, [&](int r, std::shared_ptr<Communicator> comm) {
+    Rank rk(W, r, std::move(comm), CapturableTransport::automatic, SavePolicy::rows_recompute);
+    rk.upload(c);
+    rk.forward();
+    rk.backward();
+    ck(cudaStreamSynchronize(rk.stream), "sync");
+    std::string why = rk.check(c, reference_grads(c, r));
+    rk.layer->check_capturable(rk.stream);
+    return why;
+  });
 }
 
 template <class F>

@@ -20,9 +20,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/mock_comm.h"
@@ -32,6 +30,7 @@
 #include "kernels/sm90/experts.cuh"
 #include "test_support.h"
 
+#include "capturable_support.h"
 #include "device_array.h"
 #include "single_comm.h"
 
@@ -54,8 +53,6 @@ class CapturableFp8Gpu : public ::testing::Test {
 };
 
 const char* layout_name(Fp8Layout l) { return l == Fp8Layout::mxfp8 ? "MXFP8" : "block-128"; }
-const char* name(CapturableTransport t) { return t == CapturableTransport::slots ? "slots" : "local"; }
-constexpr CapturableTransport kTransports[] = {CapturableTransport::local, CapturableTransport::slots};
 
 // A host-quantized model (Fp8Model) with its E4M3 weights and scale bytes on the device.
 struct DeviceFp8Model {
@@ -162,24 +159,9 @@ struct CapLayer {
   }
 };
 
-bool is_nan(bf16 v) {
-  uint16_t b;
-  std::memcpy(&b, &v, 2);
-  return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0;
-}
-
-// Rows [from, kN) of y are exactly +0 / -0.
+// Rows [from, kN) of y are exactly 0.
 ::testing::AssertionResult rows_zero(const std::vector<bf16>& y, int64_t from) {
-  for (int64_t i = from * kHidden; i < kN * kHidden; ++i) {
-    uint16_t b;
-    std::memcpy(&b, &y[size_t(i)], 2);
-    if ((b & 0x7fff) != 0) {
-      std::ostringstream os;
-      os << "y[" << i / kHidden << ", " << i % kHidden << "] = 0x" << std::hex << b << std::dec << " past T = " << from;
-      return ::testing::AssertionFailure() << os.str();
-    }
-  }
-  return ::testing::AssertionSuccess();
+  return epmoe::test::rows_zero(y, from, kN, kHidden);
 }
 
 // Every (transport, form) layer of one format captured once, then each (routing, T) input replayed
@@ -195,7 +177,7 @@ void graph_replays(Fp8Layout layout) {
     for (const char* plan : plans) {
       layers.push_back(std::make_unique<CapLayer>(m, t, plan));
       layers.back()->capture();
-      names.push_back(std::string(name(t)) + " '" + plan + "'");
+      names.push_back(std::string(transport_name(t)) + " '" + plan + "'");
     }
   int round = 0, replays = 0, bad = 0;
   for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::with_drops})
@@ -230,7 +212,7 @@ TEST_F(CapturableFp8Gpu, BlockGraphReplaysAtEveryTokenCount) { graph_replays(Fp8
 TEST_F(CapturableFp8Gpu, BadIdsPoisonTheirRowsAndAreReported) {
   const DeviceFp8Model m(Fp8Layout::mxfp8, 2027);
   for (CapturableTransport t : kTransports) {
-    SCOPED_TRACE(name(t));
+    SCOPED_TRACE(transport_name(t));
     CapLayer f(m, t, "");
     const int64_t T = 12, bad_t = 5;
     const std::vector<bf16> hx = make_x(29, 0, T, kHidden);
@@ -330,42 +312,26 @@ TEST_F(CapturableFp8Gpu, SlotsAcrossDeviceMockRanks) {
     SCOPED_TRACE(layout_name(layout));
     const DeviceFp8Model m(layout, 2029);
     const int64_t Ts[W] = {33, 1};
-    auto comms = make_device_mock_world(W, dev, 120.0);
-    std::vector<std::exception_ptr> errors(W);
-    std::vector<std::string> failures(W);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < W; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          ck(cudaSetDevice(dev), "cudaSetDevice");
-          CapLayer f(m, CapturableTransport::slots, "", W, r, comms[size_t(r)]);
-          std::string why;
-          for (int round = 0; round < 2; ++round) {  // (the second on the buffers the first used)
-            const int64_t T = round == 0 ? Ts[r] : Ts[W - 1 - r];
-            const std::vector<bf16> hx = make_x(mix(51, r, round), 0, T, kHidden);
-            const Routing R = make_routing(T, kE, kK, round ? RoutingKind::uniform : RoutingKind::zipf,
-                                           mix(53, r, round), 0, 1);
-            f.upload(T, hx, R);
-            f.forward();
-            ck(cudaStreamSynchronize(f.stream), "sync");
-            const std::vector<bf16> y = f.y.host();
-            const std::vector<float> ref = m.reference(hx, R, T);
-            if (auto ok = close_to_reference(y.data(), ref.data(), T, kHidden, kMxGpuTolerance); !ok)
-              why += "round " + std::to_string(round) + ": " + ok.message() + "; ";
-            if (auto z = rows_zero(y, T); !z) why += "round " + std::to_string(round) + ": " + z.message() + "; ";
-            f.layer->check_capturable(f.stream);
-          }
-          failures[size_t(r)] = why;
-        } catch (...) {
-          errors[size_t(r)] = std::current_exception();
-          mock_world_abort(*comms[size_t(r)], "rank " + std::to_string(r) + " failed");
-        }
-      });
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < W; ++r) {
-      EXPECT_FALSE(errors[size_t(r)]) << "rank " << r << ": " << describe_exception(errors[size_t(r)]);
-      EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
-    }
+    run_device_mock_ranks(W, dev, [&](int r, std::shared_ptr<Communicator> comm) {
+      CapLayer f(m, CapturableTransport::slots, "", W, r, std::move(comm));
+      std::string why;
+      for (int round = 0; round < 2; ++round) {  // (the second on the buffers the first used)
+        const int64_t T = round == 0 ? Ts[r] : Ts[W - 1 - r];
+        const std::vector<bf16> hx = make_x(mix(51, r, round), 0, T, kHidden);
+        const Routing R =
+            make_routing(T, kE, kK, round ? RoutingKind::uniform : RoutingKind::zipf, mix(53, r, round), 0, 1);
+        f.upload(T, hx, R);
+        f.forward();
+        ck(cudaStreamSynchronize(f.stream), "sync");
+        const std::vector<bf16> y = f.y.host();
+        const std::vector<float> ref = m.reference(hx, R, T);
+        if (auto ok = close_to_reference(y.data(), ref.data(), T, kHidden, kMxGpuTolerance); !ok)
+          why += "round " + std::to_string(round) + ": " + ok.message() + "; ";
+        if (auto z = rows_zero(y, T); !z) why += "round " + std::to_string(round) + ": " + z.message() + "; ";
+        f.layer->check_capturable(f.stream);
+      }
+      return why;
+    });
   }
 }
 

@@ -27,6 +27,7 @@
 #include "kernels/sm90/experts.cuh"
 #include "test_support.h"
 
+#include "capturable_support.h"
 #include "device_array.h"
 #include "single_comm.h"
 
@@ -105,32 +106,13 @@ struct Fixture {
   }
 };
 
-bool is_nan(bf16 v) {
-  uint16_t b;
-  std::memcpy(&b, &v, 2);
-  return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0;
-}
-
-// Rows [from, kN) of y are exactly +0 / -0.
+// Rows [from, kN) of y are exactly 0.
 ::testing::AssertionResult rows_zero(const std::vector<bf16>& y, int64_t from) {
-  for (int64_t i = from * kHidden; i < kN * kHidden; ++i) {
-    uint16_t b;
-    std::memcpy(&b, &y[size_t(i)], 2);
-    if ((b & 0x7fff) != 0) {
-      std::ostringstream os;  // (AssertionResult's << formats each value in a fresh stream: no std::hex there)
-      os << "y[" << i / kHidden << ", " << i % kHidden << "] = 0x" << std::hex << b << std::dec << " past T = " << from
-         << " (must be 0)";
-      return ::testing::AssertionFailure() << os.str();
-    }
-  }
-  return ::testing::AssertionSuccess();
+  return epmoe::test::rows_zero(y, from, kN, kHidden);
 }
-
-const char* name(CapturableTransport t) { return t == CapturableTransport::slots ? "slots" : "local"; }
-constexpr CapturableTransport kTransports[] = {CapturableTransport::local, CapturableTransport::slots};
 
 void graph_replays(CapturableTransport transport, const char* plan = "") {
-  SCOPED_TRACE(std::string(name(transport)) + " plan '" + plan + "'");
+  SCOPED_TRACE(std::string(transport_name(transport)) + " plan '" + plan + "'");
   Fixture f(transport, kN, plan);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -157,7 +139,7 @@ void graph_replays(CapturableTransport transport, const char* plan = "") {
       bad += !(close && zero);
     }
   matrix_row(std::string("one captured graph replayed at T 0..") + std::to_string(kN) + ", 4 routings (1 GPU, " +
-                 name(transport) + (plan[0] ? std::string(", ") + plan : std::string()) + ")",
+                 transport_name(transport) + (plan[0] ? std::string(", ") + plan : std::string()) + ")",
              "every replay matches the reference, rows past T zero",
              std::to_string(replays - bad) + " of " + std::to_string(replays) + " replays right");
   // The same inputs outside a graph: the same contract.
@@ -187,7 +169,7 @@ TEST_F(CapturableGpu, FusedGraphReplaysAtEveryTokenCount) {
 // A bad id makes its token's row NaN (local; slots: every row of the rank, as its layout fails
 // whole), and check_capturable throws it once.
 void bad_ids(CapturableTransport transport) {
-  SCOPED_TRACE(name(transport));
+  SCOPED_TRACE(transport_name(transport));
   Fixture f(transport);
   const bool whole_rank = transport == CapturableTransport::slots;
   struct Bad {
@@ -268,7 +250,7 @@ TEST_F(CapturableGpu, BadTokenCountPoisonsEveryRow) {
   for (CapturableTransport transport : kTransports)
   for (int64_t T : {kN + 1, int64_t(-3)}) {
     Fixture f(transport);
-    SCOPED_TRACE(std::string(name(transport)) + " num_tokens " + std::to_string(T));
+    SCOPED_TRACE(std::string(transport_name(transport)) + " num_tokens " + std::to_string(T));
     const Routing R = make_routing(kN, kE, kK, RoutingKind::uniform, 43, 0, 1);
     f.upload(kN, make_x(47, 0, kN, kHidden), R);
     ck(cudaMemcpy(f.num_tokens.get(), &T, 8, cudaMemcpyHostToDevice), "T");
@@ -333,91 +315,75 @@ TEST_F(CapturableGpu, SlotsAcrossDeviceMockRanks) {
     SCOPED_TRACE("world " + std::to_string(W));
     const int El = kE / W;
     const std::vector<int64_t> Ts = {33, 80, 0, 1};
-    auto comms = make_device_mock_world(W, dev, 120.0);
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(W));
-    std::vector<std::string> failures(static_cast<size_t>(W));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < W; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          ck(cudaSetDevice(dev), "cudaSetDevice");
-          const MoeConfig cfg{.num_experts = kE, .top_k = kK, .hidden = kHidden, .ffn = kFfn, .world_size = W, .rank = r};
-          const size_t n1 = size_t(2) * kFfn * kHidden, n2 = size_t(kHidden) * kFfn;
-          Dev<bf16> w1(std::vector<bf16>(M.w1.begin() + r * El * n1, M.w1.begin() + (r + 1) * El * n1));
-          Dev<bf16> w2(std::vector<bf16>(M.w2.begin() + r * El * n2, M.w2.begin() + (r + 1) * El * n2));
-          LayerOptions opt;
-          opt.expert_path = ExpertPath::sm90;
-          opt.max_tokens_per_rank = kN;
-          MoeLayer layer(cfg, {dview(w1.get(), DType::bf16, {El, 2 * kFfn, kHidden}),
-                               dview(w2.get(), DType::bf16, {El, kHidden, kFfn})},
-                         comms[size_t(r)], opt);
-          cudaStream_t st;
-          ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-          std::string why;
-          for (int round = 0; round < (W == 2 ? 2 : 1); ++round) {
-            const int64_t T = Ts[size_t(r)];
-            const std::vector<bf16> hx = make_x(mix(51, r, round), 0, T, kHidden);
-            Routing R = make_routing(T, kE, kK, round ? RoutingKind::uniform : RoutingKind::zipf, mix(53, r, round), 0, 1);
-            const bool bad = round == 1 && r == 1 && T > 0;
-            if (bad) R.ids[size_t(T / 2) * kK + 1] = kE + 3;
-            std::vector<bf16> xa(size_t(kN) * kHidden, bf16(0.f));
-            std::copy(hx.begin(), hx.end(), xa.begin());
-            std::vector<int32_t> ia(size_t(kN) * kK, kE + 1000);  // rows past T: never read
-            std::vector<float> wa(size_t(kN) * kK, 1.f);
-            std::copy(R.ids.begin(), R.ids.end(), ia.begin());
-            std::copy(R.weights.begin(), R.weights.end(), wa.begin());
-            Dev<bf16> x(xa), y(size_t(kN) * kHidden, 0xff), y2(size_t(kN) * kHidden, 0xff);
-            Dev<int32_t> ids(ia);
-            Dev<float> wts(wa);
-            Dev<int64_t> d_T(std::vector<int64_t>{T});
-            layer.forward_capturable(dview(x.get(), DType::bf16, {kN, kHidden}), dview(ids.get(), DType::i32, {kN, kK}),
-                                     dview(wts.get(), DType::f32, {kN, kK}), dview(y.get(), DType::bf16, {kN, kHidden}),
-                                     d_T.get(), st);
-            ck(cudaStreamSynchronize(st), "sync");
-            const std::vector<bf16> hy = y.host();
-            if (bad) {  // (rows below T NaN, the rows past it zero)
-              for (size_t i = 0; i < size_t(T) * kHidden; ++i)
-                if (!is_nan(hy[i])) {
-                  why += "rank 1: a row without NaN after its bad id; ";
-                  break;
-                }
-              if (auto z = rows_zero(hy, T); !z) why += "rank 1: " + std::string(z.message()) + "; ";
-              try {
-                layer.check_capturable(st);
-                why += "rank 1: check_capturable did not throw; ";
-              } catch (const Error& e) {
-                if (e.code() != ErrorCode::expert_id_out_of_range) why += std::string("rank 1: ") + e.what() + "; ";
-              }
-              continue;
+    run_device_mock_ranks(W, dev, [&](int r, std::shared_ptr<Communicator> comm) {
+      const MoeConfig cfg{.num_experts = kE, .top_k = kK, .hidden = kHidden, .ffn = kFfn, .world_size = W, .rank = r};
+      const size_t n1 = size_t(2) * kFfn * kHidden, n2 = size_t(kHidden) * kFfn;
+      Dev<bf16> w1(std::vector<bf16>(M.w1.begin() + r * El * n1, M.w1.begin() + (r + 1) * El * n1));
+      Dev<bf16> w2(std::vector<bf16>(M.w2.begin() + r * El * n2, M.w2.begin() + (r + 1) * El * n2));
+      LayerOptions opt;
+      opt.expert_path = ExpertPath::sm90;
+      opt.max_tokens_per_rank = kN;
+      MoeLayer layer(cfg, {dview(w1.get(), DType::bf16, {El, 2 * kFfn, kHidden}),
+                           dview(w2.get(), DType::bf16, {El, kHidden, kFfn})},
+                     std::move(comm), opt);
+      cudaStream_t st;
+      ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+      std::string why;
+      for (int round = 0; round < (W == 2 ? 2 : 1); ++round) {
+        const int64_t T = Ts[size_t(r)];
+        const std::vector<bf16> hx = make_x(mix(51, r, round), 0, T, kHidden);
+        Routing R = make_routing(T, kE, kK, round ? RoutingKind::uniform : RoutingKind::zipf, mix(53, r, round), 0, 1);
+        const bool bad = round == 1 && r == 1 && T > 0;
+        if (bad) R.ids[size_t(T / 2) * kK + 1] = kE + 3;
+        std::vector<bf16> xa(size_t(kN) * kHidden, bf16(0.f));
+        std::copy(hx.begin(), hx.end(), xa.begin());
+        std::vector<int32_t> ia(size_t(kN) * kK, kE + 1000);  // rows past T: never read
+        std::vector<float> wa(size_t(kN) * kK, 1.f);
+        std::copy(R.ids.begin(), R.ids.end(), ia.begin());
+        std::copy(R.weights.begin(), R.weights.end(), wa.begin());
+        Dev<bf16> x(xa), y(size_t(kN) * kHidden, 0xff), y2(size_t(kN) * kHidden, 0xff);
+        Dev<int32_t> ids(ia);
+        Dev<float> wts(wa);
+        Dev<int64_t> d_T(std::vector<int64_t>{T});
+        layer.forward_capturable(dview(x.get(), DType::bf16, {kN, kHidden}), dview(ids.get(), DType::i32, {kN, kK}),
+                                 dview(wts.get(), DType::f32, {kN, kK}), dview(y.get(), DType::bf16, {kN, kHidden}),
+                                 d_T.get(), st);
+        ck(cudaStreamSynchronize(st), "sync");
+        const std::vector<bf16> hy = y.host();
+        if (bad) {  // (rows below T NaN, the rows past it zero)
+          for (size_t i = 0; i < size_t(T) * kHidden; ++i)
+            if (!is_nan(hy[i])) {
+              why += "rank 1: a row without NaN after its bad id; ";
+              break;
             }
-            std::vector<float> ref(size_t(T) * kHidden);
-            reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
-                          ref.data());
-            if (auto ok = close_to_reference(hy.data(), ref.data(), T, kHidden, kTolerance); !ok)
-              why += "capturable: " + std::string(ok.message()) + "; ";
-            if (auto z = rows_zero(hy, T); !z) why += "capturable: " + std::string(z.message()) + "; ";
+          if (auto z = rows_zero(hy, T); !z) why += "rank 1: " + std::string(z.message()) + "; ";
+          try {
             layer.check_capturable(st);
-            if (round == 1) continue;  // (a bad id there would fail every rank's regular forward alike)
-            // The regular forward over the same mock world: the EP path at W > 1 on one GPU.
-            layer.forward(dview(x.get(), DType::bf16, {T, kHidden}), dview(ids.get(), DType::i32, {T, kK}),
-                          dview(wts.get(), DType::f32, {T, kK}), dview(y2.get(), DType::bf16, {T, kHidden}), st);
-            ck(cudaStreamSynchronize(st), "sync");
-            const std::vector<bf16> hy2 = y2.host(size_t(T) * kHidden);
-            if (auto ok = close_to_reference(hy2.data(), ref.data(), T, kHidden, kTolerance); !ok)
-              why += "regular: " + std::string(ok.message()) + "; ";
+            why += "rank 1: check_capturable did not throw; ";
+          } catch (const Error& e) {
+            if (e.code() != ErrorCode::expert_id_out_of_range) why += std::string("rank 1: ") + e.what() + "; ";
           }
-          cudaStreamDestroy(st);
-          failures[size_t(r)] = why;
-        } catch (...) {
-          errors[size_t(r)] = std::current_exception();
-          mock_world_abort(*comms[size_t(r)], "rank " + std::to_string(r) + " failed");
+          continue;
         }
-      });
-    for (auto& t : threads) t.join();
-    for (int r = 0; r < W; ++r) {
-      EXPECT_FALSE(errors[size_t(r)]) << "rank " << r << ": " << describe_exception(errors[size_t(r)]);
-      EXPECT_EQ(failures[size_t(r)], "") << "rank " << r;
-    }
+        std::vector<float> ref(size_t(T) * kHidden);
+        reference_moe(hx.data(), R.ids.data(), R.weights.data(), T, kK, M.w1.data(), M.w2.data(), kE, kHidden, kFfn,
+                      ref.data());
+        if (auto ok = close_to_reference(hy.data(), ref.data(), T, kHidden, kTolerance); !ok)
+          why += "capturable: " + std::string(ok.message()) + "; ";
+        if (auto z = rows_zero(hy, T); !z) why += "capturable: " + std::string(z.message()) + "; ";
+        layer.check_capturable(st);
+        if (round == 1) continue;  // (a bad id there would fail every rank's regular forward alike)
+        // The regular forward over the same mock world: the EP path at W > 1 on one GPU.
+        layer.forward(dview(x.get(), DType::bf16, {T, kHidden}), dview(ids.get(), DType::i32, {T, kK}),
+                      dview(wts.get(), DType::f32, {T, kK}), dview(y2.get(), DType::bf16, {T, kHidden}), st);
+        ck(cudaStreamSynchronize(st), "sync");
+        const std::vector<bf16> hy2 = y2.host(size_t(T) * kHidden);
+        if (auto ok = close_to_reference(hy2.data(), ref.data(), T, kHidden, kTolerance); !ok)
+          why += "regular: " + std::string(ok.message()) + "; ";
+      }
+      cudaStreamDestroy(st);
+      return why;
+    });
   }
 }
 
