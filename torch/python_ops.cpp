@@ -7,12 +7,17 @@
 //   comm_info(int comm) -> int[]                             [rank, world size]
 //   release_comm(int comm) -> ()
 //   create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2,
-//                str save_policy, bool torch_allocator=True, bool deterministic=False) -> int
+//                str save_policy, bool torch_allocator=True, bool deterministic=False,
+//                int max_tokens_per_rank=0) -> int
 //                                                            collective, like MoeLayer's constructor;
 //                                                            CUDA weights: the layer's memory comes from
 //                                                            torch's caching allocator unless
 //                                                            torch_allocator is False; deterministic:
-//                                                            LayerOptions::deterministic
+//                                                            LayerOptions::deterministic;
+//                                                            max_tokens_per_rank > 0: moe_capturable
+//                                                            (capturable_ops.cpp) up to that many rows
+//   create_layer_fp8(..., Tensor w1, Tensor w1_scale, Tensor w2, Tensor w2_scale, bool torch_allocator=True,
+//                int max_tokens_per_rank=0) -> int         an FP8 layer (MXFP8 or block-128 by the scales)
 //   release_layer(int layer) -> ()
 #include <torch/library.h>
 
@@ -108,7 +113,7 @@ MoeConfig config_of(const Communicator& c, int64_t num_experts, int64_t top_k, i
 
 int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
                         const at::Tensor& w1, const at::Tensor& w2, c10::string_view save_policy,
-                        bool torch_allocator, bool deterministic) {
+                        bool torch_allocator, bool deterministic, int64_t max_tokens_per_rank) {
   const std::shared_ptr<Communicator> c = comm_of(comm);
   const MoeConfig cfg = config_of(*c, num_experts, top_k, hidden, ffn);
   LayerOptions opt;
@@ -118,6 +123,7 @@ int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_
   opt.save_policy = p == "preact" ? SavePolicy::rows_and_preactivation : SavePolicy::rows_recompute;
   if (w1.is_cuda() && torch_allocator) opt.device_allocator = torch_device_allocator();
   opt.deterministic = deterministic;
+  opt.max_tokens_per_rank = max_tokens_per_rank;
   EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
               "create_layer: w1 and w2 must be contiguous");
   return register_layer(std::make_shared<MoeLayer>(cfg, ExpertWeights{view_of(w1), view_of(w2)}, c, opt));
@@ -126,11 +132,12 @@ int64_t create_layer_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_
 // An FP8 layer (inference) on fp8_weights_of's tensors: MXFP8 or block-128 by the scales' dtype.
 int64_t create_layer_fp8_op(int64_t comm, int64_t num_experts, int64_t top_k, int64_t hidden, int64_t ffn,
                             const at::Tensor& w1, const at::Tensor& w1_scale, const at::Tensor& w2,
-                            const at::Tensor& w2_scale, bool torch_allocator) {
+                            const at::Tensor& w2_scale, bool torch_allocator, int64_t max_tokens_per_rank) {
   const std::shared_ptr<Communicator> c = comm_of(comm);
   const MoeConfig cfg = config_of(*c, num_experts, top_k, hidden, ffn);
   LayerOptions opt;
   if (w1.is_cuda() && torch_allocator) opt.device_allocator = torch_device_allocator();
+  opt.max_tokens_per_rank = max_tokens_per_rank;
   return register_layer(std::make_shared<MoeLayer>(cfg, fp8_weights_of(w1, w1_scale, w2, w2_scale), c, opt));
 }
 
@@ -146,10 +153,10 @@ TORCH_LIBRARY_FRAGMENT(epmoe, m) {
   m.def("comm_info(int comm) -> int[]", comm_info_op);
   m.def("release_comm(int comm) -> ()", release_comm_op);
   m.def("create_layer(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w2, "
-        "str save_policy, bool torch_allocator=True, bool deterministic=False) -> int",
+        "str save_policy, bool torch_allocator=True, bool deterministic=False, int max_tokens_per_rank=0) -> int",
         create_layer_op);
   m.def("create_layer_fp8(int comm, int num_experts, int top_k, int hidden, int ffn, Tensor w1, Tensor w1_scale, "
-        "Tensor w2, Tensor w2_scale, bool torch_allocator=True) -> int",
+        "Tensor w2, Tensor w2_scale, bool torch_allocator=True, int max_tokens_per_rank=0) -> int",
         create_layer_fp8_op);
   m.def("release_layer(int layer) -> ()", release_layer_op);
 }

@@ -118,6 +118,30 @@ class _LayerModule(torch.nn.Module):
         except Exception:  # interpreter shutdown
             pass
 
+    def _weights(self):
+        raise NotImplementedError
+
+    def forward_capturable(self, x, topk_ids, topk_weights, num_tokens):
+        """The forward for decode under a CUDA graph (a module made with max_tokens > 0; forward-only, run it
+        under torch.no_grad()): x bf16 [N, hidden] with N <= max_tokens, topk_ids int32 [N, k], topk_weights
+        float32 [N, k], num_tokens a one-element int64 tensor on the module's GPU, read when the work runs.
+        Returns y [N, hidden]: the first num_tokens rows the layer's output, the rest 0. Nothing is read
+        on the host, so torch.cuda.graph captures it once and replays it at any num_tokens. The layer is
+        made on the first call (collective, allocating): call once before capturing. A bad id makes its
+        token's row NaN (the rank's rows between ranks), a num_tokens outside [0, N] every row; the
+        first such failure raises from check_capturable()."""
+        if self._layer is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("epmoe: forward_capturable's first call makes the layer (allocates, collective): "
+                               "call it once before capturing")
+        self._ensure_layer()
+        return torch.ops.epmoe.moe_capturable(self._layer, x, topk_ids, topk_weights, num_tokens, self._weights())
+
+    def check_capturable(self):
+        """Waits for the current stream and raises the first bad id or count that the capturable forwards
+        met since the last check (their rows came back NaN)."""
+        if self._layer is not None:
+            torch.ops.epmoe.check_capturable(self._layer, self.w1)
+
 
 class MoE(_LayerModule):
     """This rank's experts: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn], bf16 Parameters
@@ -128,10 +152,11 @@ class MoE(_LayerModule):
     torch.cuda.memory_allocated counts them); torch_allocator=False gives the layer memory of its own
     (cudaMalloc and a private pool) instead. deterministic=True makes the forward bitwise reproducible
     on CUDA (LayerOptions::deterministic: each (row, expert) pair's output stored, a row's pairs summed
-    in slot order); the backward, and the CPU engine, are reproducible either way."""
+    in slot order); the backward, and the CPU engine, are reproducible either way. max_tokens > 0 (CUDA):
+    forward_capturable up to that many rows per rank, for decode under a CUDA graph."""
 
     def __init__(self, num_experts, top_k, hidden, ffn, comm, save_policy="preact", torch_allocator=True,
-                 deterministic=False):
+                 deterministic=False, max_tokens=0):
         super().__init__()
         load_library()
         if not isinstance(comm, Communicator):
@@ -142,7 +167,7 @@ class MoE(_LayerModule):
             raise ValueError(f"num_experts {num_experts} is not a multiple of the world size {comm.world_size}")
         self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
         self.comm, self.save_policy, self.torch_allocator = comm, save_policy, bool(torch_allocator)
-        self.deterministic = bool(deterministic)
+        self.deterministic, self.max_tokens = bool(deterministic), int(max_tokens)
         e = num_experts // comm.world_size
         b1, b2 = 1.0 / math.sqrt(hidden), 1.0 / math.sqrt(ffn)
         self.w1 = torch.nn.Parameter(torch.empty(e, 2 * ffn, hidden).uniform_(-b1, b1).to(torch.bfloat16))
@@ -151,7 +176,10 @@ class MoE(_LayerModule):
     def _make_layer(self):
         return torch.ops.epmoe.create_layer(self.comm.handle, self.num_experts, self.top_k, self.hidden, self.ffn,
                                             self.w1.detach(), self.w2.detach(), self.save_policy,
-                                            self.torch_allocator, self.deterministic)
+                                            self.torch_allocator, self.deterministic, self.max_tokens)
+
+    def _weights(self):
+        return [self.w1.detach(), self.w2.detach()]
 
     def forward(self, x, topk_ids, topk_weights):
         self._ensure_layer()
@@ -180,9 +208,11 @@ class MoEFp8(_LayerModule):
     Forward-only: a call that autograd would record (grad mode on, x or topk_weights requiring grad)
     raises; run it under torch.no_grad(). forward(x, ids, wts, x_scale=...) takes x already in MXFP8
     (uint8 E4M3 [T, hidden] with its E8M0 scales [T, hidden / 32]; an "mxfp8" module only). The layer
-    is made on the first forward on the buffers' device, and again after they move."""
+    is made on the first forward on the buffers' device, and again after they move. max_tokens > 0
+    (CUDA): forward_capturable up to that many rows per rank (x quantized on the device)."""
 
-    def __init__(self, num_experts, top_k, hidden, ffn, comm, w1, w1_scale, w2, w2_scale, torch_allocator=True):
+    def __init__(self, num_experts, top_k, hidden, ffn, comm, w1, w1_scale, w2, w2_scale, torch_allocator=True,
+                 max_tokens=0):
         super().__init__()
         load_library()
         if not isinstance(comm, Communicator):
@@ -190,7 +220,7 @@ class MoEFp8(_LayerModule):
         if num_experts % comm.world_size:
             raise ValueError(f"num_experts {num_experts} is not a multiple of the world size {comm.world_size}")
         self.num_experts, self.top_k, self.hidden, self.ffn = num_experts, top_k, hidden, ffn
-        self.comm, self.torch_allocator = comm, bool(torch_allocator)
+        self.comm, self.torch_allocator, self.max_tokens = comm, bool(torch_allocator), int(max_tokens)
         for name, t in (("w1", w1), ("w1_scale", w1_scale), ("w2", w2), ("w2_scale", w2_scale)):
             self.register_buffer(name, t.contiguous())
 
@@ -200,18 +230,23 @@ class MoEFp8(_LayerModule):
 
     @classmethod
     def from_module(cls, moe, format="mxfp8"):
-        """An FP8 copy of a bf16 epmoe.MoE's current experts (same communicator and shapes)."""
+        """An FP8 copy of a bf16 epmoe.MoE's current experts (same communicator, shapes and max_tokens)."""
         quantize = {"mxfp8": quantize_mxfp8, "block128": quantize_fp8_block128}.get(format)
         if quantize is None:
             raise ValueError(f"format must be 'mxfp8' or 'block128', got {format!r}")
         with torch.no_grad():
             q1, s1 = quantize(moe.w1.detach())
             q2, s2 = quantize(moe.w2.detach())
-        return cls(moe.num_experts, moe.top_k, moe.hidden, moe.ffn, moe.comm, q1, s1, q2, s2, moe.torch_allocator)
+        return cls(moe.num_experts, moe.top_k, moe.hidden, moe.ffn, moe.comm, q1, s1, q2, s2, moe.torch_allocator,
+                   moe.max_tokens)
 
     def _make_layer(self):
         return torch.ops.epmoe.create_layer_fp8(self.comm.handle, self.num_experts, self.top_k, self.hidden, self.ffn,
-                                                self.w1, self.w1_scale, self.w2, self.w2_scale, self.torch_allocator)
+                                                self.w1, self.w1_scale, self.w2, self.w2_scale, self.torch_allocator,
+                                                self.max_tokens)
+
+    def _weights(self):
+        return [self.w1, self.w1_scale, self.w2, self.w2_scale]
 
     def forward(self, x, topk_ids, topk_weights, x_scale=None):
         self._ensure_layer()

@@ -13,7 +13,8 @@ torch_allocator=False; torch.library.opcheck on the ops (torch >= 2.4); torch.co
 calling the module's forward. The FP8 inference module (epmoe.MoEFp8, MXFP8 and block-128, at a
 decode T and a batch; x given in MXFP8) against test_python_fp8_mock.py's exact-format fp64 reference
 within tests/gpu/test_mxfp8_gpu.cpp's tolerance: 1e-2 relative L2 (the issue's accuracy bound; the
-kernels measured 1.6e-3 - 4.3e-3) and 2^-5 max|ref| per element.
+kernels measured 1.6e-3 - 4.3e-3) and 2^-5 max|ref| per element. The capturable forward (bf16 and
+MXFP8 modules with max_tokens) captured by torch.cuda.graph and replayed at several token counts.
 
 Tolerance (test_python_mock.py's, tests/backward_case.h's kGradElem / kGradL2): |got - ref| <= 2^-5
 max|ref| per element and relative L2 <= 1.5e-2. The inputs are bf16 and the layer accumulates in fp32;
@@ -327,6 +328,65 @@ class CudaWorld1(unittest.TestCase):
                     self.assertLessEqual(fp8ref.rel_l2(y, ref), 1e-2, tag)
                 with self.assertRaisesRegex(RuntimeError, "forward-only"):
                     fp8(x.cuda().requires_grad_(), ids.cuda(), wts.cuda())
+
+    def test_capturable_forward(self):
+        """forward_capturable under torch.cuda.graph, bf16 and MXFP8 modules (max_tokens N): captured once,
+        replayed at T = 0, 1, 5, N with fresh inputs copied into the static buffers (routing rows past T
+        hold ids that would fail if read): y's first T rows against the fp64 references within the
+        tolerances above (bf16: close(); MXFP8: test_fp8_inference's), the rows past T exactly 0; then a
+        bad id: its row NaN and check_capturable raising."""
+        N, E, k, H, Fd = 24, 8, 2, 256, 256
+        w1, w2, _ = make_case(1, E, k, H, Fd, 1, 4800)
+        moe = epmoe.MoE(E, k, H, Fd, self.comm, max_tokens=N).cuda()
+        with torch.no_grad():
+            moe.w1.copy_(w1)
+            moe.w2.copy_(w2)
+        fp8 = epmoe.MoEFp8.from_module(moe, "mxfp8")
+        self.assertEqual(fp8.max_tokens, N)
+        for name, mod in (("bf16", moe), ("mxfp8", fp8)):
+            x = torch.zeros(N, H, dtype=torch.bfloat16, device="cuda")
+            ids = torch.zeros(N, k, dtype=torch.int32, device="cuda")
+            wts = torch.zeros(N, k, device="cuda")
+            T = torch.zeros(1, dtype=torch.long, device="cuda")
+            with torch.no_grad():
+                mod.forward_capturable(x, ids, wts, T)  # warm-up: makes the layer (allocates)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    y = mod.forward_capturable(x, ids, wts, T)
+            for t in (0, 1, 5, N):
+                tag = f"{name} graph replay T={t}"
+                _, _, ranks = make_case(1, E, k, H, Fd, max(t, 1), 4900 + t)
+                xt, idt, wtt, dy = (r[:t] for r in ranks[0])
+                x.zero_()
+                ids.fill_(E + 100)
+                wts.fill_(1.0)
+                x[:t].copy_(xt)
+                ids[:t].copy_(idt)
+                wts[:t].copy_(wtt)
+                T.fill_(t)
+                g.replay()
+                torch.cuda.synchronize()
+                mod.check_capturable()
+                got = y.detach().cpu()
+                self.assertTrue((got[t:] == 0).all(), f"{tag}: rows past T must be 0")
+                if t == 0:
+                    continue
+                if name == "bf16":
+                    close(self, tag, got[:t], reference(w1, w2, [(xt, idt, wtt, dy)])[0][0][2])
+                else:
+                    ref = fp8ref.reference("mxfp8", fp8ref.dequant_weights(fp8.w1.cpu(), fp8.w1_scale.cpu()),
+                                           fp8ref.dequant_weights(fp8.w2.cpu(), fp8.w2_scale.cpu()), xt, idt, wtt)
+                    yt = got[:t].double()
+                    self.assertLessEqual((yt - ref).abs().max().item(), ref.abs().max().item() / 32, tag)
+                    self.assertLessEqual(fp8ref.rel_l2(yt, ref), 1e-2, tag)
+            ids[1, 0] = E + 5  # (T = N from the last replay)
+            g.replay()
+            torch.cuda.synchronize()
+            self.assertTrue(torch.isnan(y[1].float()).all().item(), f"{name}: a bad id's row must be NaN")
+            with self.assertRaisesRegex(RuntimeError, "expert id"):
+                mod.check_capturable()
+            mod.check_capturable()  # (cleared once raised)
 
 
 def main():

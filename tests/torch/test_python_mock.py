@@ -145,6 +145,32 @@ class MockRanks(unittest.TestCase):
         with self.assertRaises(ValueError):
             epmoe.MoE(8, 2, 128, 128, epmoe.mock_world(1)[0], save_policy="keep-everything")
 
+    def test_capturable_forward_refusals(self):
+        """moe_capturable (decode under a CUDA graph) on what it cannot run, each with a clear error: a
+        CPU layer asked for a capacity, the op on a CPU layer, casts it will not make, a call autograd
+        would record; and its Meta kernel's shape. (The graph replays themselves: test_python_cuda.)"""
+        comm = epmoe.mock_world(1)[0]
+        with self.assertRaisesRegex(RuntimeError, "needs cuda weights"):
+            epmoe.MoE(8, 2, 128, 128, comm, max_tokens=16).forward_capturable(
+                torch.zeros(16, 128, dtype=torch.bfloat16), torch.zeros(16, 2, dtype=torch.int32), torch.zeros(16, 2),
+                torch.zeros(1, dtype=torch.long))
+        moe = epmoe.MoE(8, 2, 128, 128, comm)
+        x, ids, wts = torch.zeros(4, 128, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int32), torch.zeros(4, 2)
+        T = torch.tensor([4])
+        with torch.no_grad():
+            with self.assertRaisesRegex(RuntimeError, "needs the GPU engine"):
+                moe.forward_capturable(x, ids, wts, T)
+            with self.assertRaisesRegex(RuntimeError, "int32"):
+                moe.forward_capturable(x, ids.long(), wts, T)
+            with self.assertRaisesRegex(RuntimeError, "one-element int64"):
+                moe.forward_capturable(x, ids, wts, T.int())
+        with self.assertRaisesRegex(RuntimeError, "forward-only"):
+            moe.forward_capturable(x.clone().requires_grad_(), ids, wts, T)
+        y = torch.ops.epmoe.moe_capturable(moe._layer, x.to("meta"), ids.to("meta"), wts.to("meta"), T.to("meta"),
+                                           [moe.w1.detach().to("meta"), moe.w2.detach().to("meta")])
+        self.assertEqual((y.device.type, y.dtype, tuple(y.shape)), ("meta", torch.bfloat16, (4, 128)))
+        moe.check_capturable()  # (nothing to report on a CPU layer)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -22,6 +22,10 @@
 //                                                        x given in MXFP8 (e4m3 + e8m0 bytes)
 //   quantize_mxfp8(Tensor x) -> (Tensor q, Tensor scale)            [..., K] along K, per 32
 //   quantize_fp8_block128(Tensor w) -> (Tensor q, Tensor scale)     [..., N, K] in 128 x 128 blocks
+// and, for decode under a CUDA graph (a layer made with max_tokens_per_rank > 0; forward-only):
+//   moe_capturable(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor num_tokens,
+//       Tensor[] weights) -> Tensor   x [N, hidden], num_tokens a device int64 read at replay
+//   check_capturable(int layer, Tensor on_device) -> ()   raises a bad id / count a replay met
 // with CPU kernels (and CUDA ones where the torch build has CUDA) over the torch-free core, and Meta
 // kernels (shapes only). `layer` is a handle from register_layer: a plain integer, the same in
 // every torch version. Every op on a layer is collective, like MoeLayer's calls: each rank calls it.
