@@ -70,10 +70,7 @@ at::Tensor moe_capturable_autograd(int64_t layer, const at::Tensor& x, const at:
               "moe_capturable is forward-only (decode under a CUDA graph): call it under torch.no_grad() / "
               "torch::NoGradGuard");
   at::AutoDispatchBelowADInplaceOrView below;
-  static const auto m = op("epmoe::moe_capturable")
-                            .typed<at::Tensor(int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                              const at::Tensor&, at::TensorList)>();
-  return m.call(layer, x, topk_ids, topk_weights, num_tokens, weights);
+  return moe_capturable(layer, x, topk_ids, topk_weights, num_tokens, weights);
 }
 
 void check_capturable_op(int64_t layer, const at::Tensor& on_device) {
@@ -81,6 +78,14 @@ void check_capturable_op(int64_t layer, const at::Tensor& on_device) {
 }
 
 }  // namespace
+
+at::Tensor moe_capturable(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
+                          const at::Tensor& topk_weights, const at::Tensor& num_tokens, at::TensorList weights) {
+  static const auto m = op("epmoe::moe_capturable")
+                            .typed<at::Tensor(int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                              const at::Tensor&, at::TensorList)>();
+  return m.call(layer, x, topk_ids, topk_weights, num_tokens, weights);
+}
 
 TORCH_LIBRARY_FRAGMENT(epmoe, m) {
   m.def("moe_capturable(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor num_tokens, "

@@ -41,13 +41,27 @@ MoeImpl::~MoeImpl() {
   if (handle_ != 0) release_layer(handle_);
 }
 
-at::Tensor MoeImpl::forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
+void MoeImpl::ensure_layer() {
   keep_layer_on_weights(w1, options_, handle_, layer_device_, [&](const LayerOptions& opt) {
     EPMOE_CHECK(w1.is_contiguous() && w2.is_contiguous(), ErrorCode::invalid_argument,
                 "epmoe::torch_ext::Moe: w1 and w2 must be contiguous");
     return std::make_shared<MoeLayer>(cfg_, ExpertWeights{view_of(w1), view_of(w2)}, comm_, opt);
   });
+}
+
+at::Tensor MoeImpl::forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
+  ensure_layer();
   return moe(handle_, x, topk_ids, topk_weights, w1, w2);
+}
+
+at::Tensor MoeImpl::forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                       const at::Tensor& num_tokens) {
+  ensure_layer();
+  return moe_capturable(handle_, x, topk_ids, topk_weights, num_tokens, {w1.detach(), w2.detach()});
+}
+
+void MoeImpl::check_capturable() {
+  if (handle_ != 0) layer_of(handle_)->check_capturable(stream_of(w1));
 }
 
 // The FP8 module: buffers, not Parameters (forward-only).
@@ -88,6 +102,16 @@ void MoeFp8Impl::ensure_layer() {
 at::Tensor MoeFp8Impl::forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights) {
   ensure_layer();
   return moe_fp8(handle_, x, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale);
+}
+
+at::Tensor MoeFp8Impl::forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids,
+                                          const at::Tensor& topk_weights, const at::Tensor& num_tokens) {
+  ensure_layer();
+  return moe_capturable(handle_, x, topk_ids, topk_weights, num_tokens, {w1, w1_scale, w2, w2_scale});
+}
+
+void MoeFp8Impl::check_capturable() {
+  if (handle_ != 0) layer_of(handle_)->check_capturable(stream_of(w1));
 }
 
 at::Tensor MoeFp8Impl::forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,

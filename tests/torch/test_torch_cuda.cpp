@@ -2,7 +2,11 @@
 // layer's memory from torch's caching allocator, the module's default there), against the same
 // module on CPU, world 1 (a mock rank), with the same weights and inputs: y and the gradients of x,
 // topk_weights, w1 and w2 after y.backward(dy); and the CUDA gradients against the fp64 reference
-// (tests/backward_case.h). Skips without a GPU. Built where the torch build has CUDA.
+// (tests/backward_case.h). Skips without a GPU. Built where the torch build has CUDA. Then the
+// modules' capturable forward (bf16 Moe and its MXFP8 copy, max_tokens_per_rank N) captured in an
+// at::cuda::CUDAGraph and replayed at T = 0, 1, 7, N against the same module's regular forward on the
+// T tokens (the same tolerance: both are the GPU path, in kernel forms the plan picks for the capacity
+// and for T), rows past T exactly 0.
 //
 // Tolerance, CUDA against CPU: both engines take bf16 inputs and accumulate in fp32, in different
 // orders, and round [g, u], the activation, expert outputs, y, dx rows and dW to bf16; the GPU also
@@ -10,9 +14,13 @@
 // relative roundings of the exact value (kGradElem / kGradL2 against the fp64 reference, measured
 // ~3e-3 relative L2), so their difference is judged by the same measures: |cuda - cpu| <= 2^-5
 // max|cpu| per element (4x the 2 * 4 * 2^-9 of both sides' roundings) and relative L2 <= 1.5e-2.
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -120,6 +128,67 @@ INSTANTIATE_TEST_SUITE_P(World1, TorchCuda,
                                            make_ep_case(1, 8, 4, 256, 256, 64, RoutingKind::one_expert, 3, 4704),
                                            make_ep_case(1, 8, 2, 128, 128, 1, RoutingKind::uniform, 0, 4705)),
                          [](const auto& info) { return info.param.name(); });
+
+TEST(TorchCudaGraph, CapturedModulesReplayAtEveryTokenCount) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device (torch::cuda::is_available() is false)";
+  constexpr int E = 8, k = 2, H = 256, F = 256;
+  constexpr int64_t N = 24;
+  const MoeConfig cfg{.num_experts = E, .top_k = k, .hidden = H, .ffn = F, .world_size = 1, .rank = 0};
+  const c10::Device dev(c10::kCUDA, 0);
+  LayerOptions opt;
+  opt.max_tokens_per_rank = N;
+  torch_ext::Moe moe(cfg, make_nccl_communicator_single(), opt);
+  moe->to(dev);
+  const ModelWeights mw = make_weights(E, H, F, 4801);
+  torch::NoGradGuard no_grad;
+  moe->w1.copy_(from_bf16(mw.w1, {E, 2 * F, H}));
+  moe->w2.copy_(from_bf16(mw.w2, {E, H, F}));
+  torch_ext::MoeFp8 fp8(*moe, torch_ext::Fp8Format::mxfp8);
+  fp8->to(dev);
+  const auto bf = at::TensorOptions().device(dev);
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which ? "MXFP8 module" : "bf16 module");
+    auto run = [&](const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, const at::Tensor& T) {
+      return which ? fp8->forward_capturable(x, ids, wts, T) : moe->forward_capturable(x, ids, wts, T);
+    };
+    at::Tensor x = at::zeros({N, H}, bf.dtype(at::kBFloat16)), ids = at::zeros({N, k}, bf.dtype(at::kInt)),
+               wts = at::zeros({N, k}, bf.dtype(at::kFloat)), T = at::zeros({1}, bf.dtype(at::kLong));
+    run(x, ids, wts, T);  // warm-up: makes the layer
+    torch::cuda::synchronize();
+    at::cuda::CUDAGraph graph;
+    at::Tensor y;
+    {
+      const c10::cuda::CUDAStreamGuard on(c10::cuda::getStreamFromPool(false, 0));  // (capture needs a side stream)
+      graph.capture_begin();
+      y = run(x, ids, wts, T);
+      graph.capture_end();
+    }
+    for (int64_t t : {int64_t(0), int64_t(1), int64_t(7), N}) {
+      SCOPED_TRACE("T=" + std::to_string(t));
+      const EpCase c = make_ep_case(1, E, k, H, F, std::max<int64_t>(t, 1), RoutingKind::zipf, 0, 4900 + t);
+      const Routing R = routing_of(c, 0);
+      ids.fill_(E + 100);  // rows past T: ids that would fail if read
+      if (t > 0) {
+        x.narrow(0, 0, t).copy_(from_bf16(make_x(c.seed, 0, t, H), {t, H}));
+        at::Tensor hi = at::empty({t, k}, at::kInt), hw = at::empty({t, k}, at::kFloat);
+        std::memcpy(hi.data_ptr(), R.ids.data(), R.ids.size() * 4);
+        std::memcpy(hw.data_ptr(), R.weights.data(), R.weights.size() * 4);
+        ids.narrow(0, 0, t).copy_(hi);
+        wts.narrow(0, 0, t).copy_(hw);
+      }
+      T.fill_(t);
+      graph.replay();
+      torch::cuda::synchronize();
+      EXPECT_NO_THROW(which ? fp8->check_capturable() : moe->check_capturable());
+      const at::Tensor got = y.cpu();
+      EXPECT_TRUE(got.narrow(0, t, N - t).eq(0).all().item<bool>()) << "rows past T must be 0";
+      if (t == 0) continue;
+      const at::Tensor xs = x.narrow(0, 0, t), is = ids.narrow(0, 0, t), ws = wts.narrow(0, 0, t);
+      const at::Tensor regular = which ? fp8->forward(xs, is, ws) : moe->forward(xs, is, ws);
+      EXPECT_TRUE(near("graph y vs the regular forward's", got.narrow(0, 0, t), regular));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace epmoe::test

@@ -8,6 +8,8 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "backward_case.h"
@@ -178,6 +180,32 @@ TEST(TorchOps, UnknownHandleRaises) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("no layer with handle"), std::string::npos) << e.what();
   }
+}
+
+// The C++ modules' capturable forward on what it cannot run: a CPU layer asked for a capacity (at the
+// first call, which makes the layer), and, on a CPU layer without one, the op itself (needs the GPU
+// engine) and a cast it will not make. (Graph replays: test_torch_cuda.)
+TEST(TorchOps, CapturableForwardRefusesClearly) {
+  const MoeConfig cfg{.num_experts = 8, .top_k = 2, .hidden = 128, .ffn = 128, .world_size = 1, .rank = 0};
+  const at::Tensor x = at::zeros({4, 128}, at::kBFloat16), ids = at::zeros({4, 2}, at::kInt),
+                   wts = at::zeros({4, 2}, at::kFloat), T = at::full({1}, 4, at::kLong);
+  torch::NoGradGuard no_grad;
+  LayerOptions opt;
+  opt.max_tokens_per_rank = 16;
+  torch_ext::Moe capped(cfg, make_mock_world(1)[0], opt);
+  auto what = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(what([&] { capped->forward_capturable(x, ids, wts, T); }).find("needs cuda weights"), std::string::npos);
+  torch_ext::Moe plain(cfg, make_mock_world(1)[0]);
+  EXPECT_NE(what([&] { plain->forward_capturable(x, ids, wts, T); }).find("needs the GPU engine"), std::string::npos);
+  EXPECT_NE(what([&] { plain->forward_capturable(x, ids.to(at::kLong), wts, T); }).find("int32"), std::string::npos);
+  plain->check_capturable();  // (nothing to report on a CPU layer)
 }
 
 }  // namespace

@@ -78,15 +78,26 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_block128(const at::Tensor& w);
 at::Tensor moe(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                const at::Tensor& w1, const at::Tensor& w2);
 
+// The capturable forward (torch.ops.epmoe.moe_capturable; capturable_ops.cpp says what it takes):
+// x [N, hidden], topk_ids int32, topk_weights f32, num_tokens a one-element int64 tensor on the GPU,
+// weights {w1, w2} or {w1, w1_scale, w2, w2_scale}; y's rows past num_tokens are 0. Forward-only.
+at::Tensor moe_capturable(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
+                          const at::Tensor& topk_weights, const at::Tensor& num_tokens, at::TensorList weights);
+
 // The layer as a module: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn] bf16 Parameters,
 // initialised U(-1/sqrt(hidden), +) and U(-1/sqrt(ffn), +) (the fan-in bound of nn::Linear). The
 // MoeLayer is built on the first forward, on the Parameters' device (collective: every rank's first
-// forward), and again if they move to another device.
+// forward), and again if they move to another device. With options.max_tokens_per_rank > 0 (CUDA),
+// forward_capturable is the forward for decode under a CUDA graph (make the layer, i.e. call it, once
+// before capturing); check_capturable raises the bad ids / counts its replays met.
 class MoeImpl : public torch::nn::Module {
  public:
   MoeImpl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, LayerOptions options = {});
   ~MoeImpl() override;
   at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
+  at::Tensor forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                const at::Tensor& num_tokens);
+  void check_capturable();
   const MoeConfig& config() const { return cfg_; }
   const std::shared_ptr<Communicator>& comm() const { return comm_; }
   const LayerOptions& options() const { return options_; }
@@ -95,6 +106,7 @@ class MoeImpl : public torch::nn::Module {
   at::Tensor w1, w2;
 
  private:
+  void ensure_layer();
   MoeConfig cfg_;
   std::shared_ptr<Communicator> comm_;
   LayerOptions options_;
@@ -108,7 +120,8 @@ enum class Fp8Format { mxfp8, block128 };
 // An FP8 layer for inference: w1, w1_scale, w2, w2_scale are buffers (fp8_weights_of's tensors), made
 // from a bf16 Moe's current Parameters (quantized on the host, kept on their device) or given in
 // the format. Like Moe, the MoeLayer is built on the first forward, on the buffers' device, and
-// again if they move. forward_mxfp8 takes x already in MXFP8 (an MXFP8 module only).
+// again if they move. forward_mxfp8 takes x already in MXFP8 (an MXFP8 module only). A copy from a
+// Moe keeps its LayerOptions (max_tokens_per_rank included).
 class MoeFp8Impl : public torch::nn::Module {
  public:
   MoeFp8Impl(const MoeImpl& source, Fp8Format format);
@@ -118,6 +131,10 @@ class MoeFp8Impl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
   at::Tensor forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
                            const at::Tensor& topk_weights);
+  // As Moe's (options.max_tokens_per_rank > 0; x bf16, quantized on the device).
+  at::Tensor forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                const at::Tensor& num_tokens);
+  void check_capturable();
   Fp8Format format() const { return w1_scale.scalar_type() == at::kFloat ? Fp8Format::block128 : Fp8Format::mxfp8; }
   int64_t handle() const { return handle_; }
 
