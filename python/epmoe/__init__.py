@@ -127,7 +127,8 @@ class _LayerModule(torch.nn.Module):
         float32 [N, k], num_tokens a one-element int64 tensor on the module's GPU, read when the work runs.
         Returns y [N, hidden]: the first num_tokens rows the layer's output, the rest 0. Nothing is read
         on the host, so torch.cuda.graph captures it once and replays it at any num_tokens. The layer is
-        made on the first call (collective, allocating): call once before capturing. A bad id makes its
+        made on the first call (collective, allocating): call once before capturing; moving the module
+        afterwards remakes the layer, so graphs captured before the move must not be replayed. A bad id makes its
         token's row NaN (the rank's rows between ranks), a num_tokens outside [0, N] every row; the
         first such failure raises from check_capturable()."""
         if self._layer is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
