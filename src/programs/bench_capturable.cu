@@ -111,7 +111,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   // An expert's scale bytes (block-128: fp32 per 128 x 128; MXFP8: one E8M0 per 32 along K).
-  const size_t sb1 = !fp8 ? 0 : block ? n1 / (128 * 128) * 4 : n1 / 32, sb2 = !fp8 ? 0 : block ? n2 / (128 * 128) * 4 : n2 / 32;
+  auto scale_bytes = [&](size_t n) { return !fp8 ? 0 : block ? n / (128 * 128) * 4 : n / 32; };
+  const size_t sb1 = scale_bytes(n1), sb2 = scale_bytes(n2);
   DevMem w1(s.E * n1 * 2), w2(s.E * n2 * 2);
   DevMem q1(fp8 ? s.E * n1 : 0), q2(fp8 ? s.E * n2 : 0), sc1(s.E * sb1), sc2(s.E * sb2);
   {

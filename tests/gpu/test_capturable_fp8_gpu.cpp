@@ -282,10 +282,10 @@ TEST_F(CapturableFp8Gpu, RefusesWhatAnFp8LayerDoesNotRun) {
     Dev<bf16> dy(size_t(kN) * kHidden), dx(size_t(kN) * kHidden);
     Dev<float> dw(size_t(kN) * kK);
     try {
-      f.layer->backward_capturable(dview(f.x.get(), DType::bf16, {kN, kHidden}), dview(f.ids.get(), DType::i32, {kN, kK}),
-                                   dview(dy.get(), DType::bf16, {kN, kHidden}), dview(dx.get(), DType::bf16, {kN, kHidden}),
-                                   dview(dw.get(), DType::f32, {kN, kK}), ExpertGradients{}, f.num_tokens.get(),
-                                   f.stream);
+      f.layer->backward_capturable(dview(f.x.get(), DType::bf16, {kN, kHidden}),
+                                   dview(f.ids.get(), DType::i32, {kN, kK}), dview(dy.get(), DType::bf16, {kN, kHidden}),
+                                   dview(dx.get(), DType::bf16, {kN, kHidden}), dview(dw.get(), DType::f32, {kN, kK}),
+                                   ExpertGradients{}, f.num_tokens.get(), f.stream);
       ADD_FAILURE() << "the capturable backward was taken";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
