@@ -59,16 +59,13 @@ at::Tensor moe_capturable_meta(int64_t, const at::Tensor& x, const at::Tensor&, 
   return at::empty_like(x);
 }
 
-// No backward through a graph here: a call autograd would record fails, rather than giving a y
-// without a grad_fn that silently cuts the graph.
+// No backward through a graph here (refuse_recorded_call).
 at::Tensor moe_capturable_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
                                    const at::Tensor& topk_weights, const at::Tensor& num_tokens,
                                    at::TensorList weights) {
-  bool grad = x.requires_grad() || topk_weights.requires_grad();
-  for (const at::Tensor& w : weights) grad = grad || w.requires_grad();
-  EPMOE_CHECK(!(at::GradMode::is_enabled() && grad), ErrorCode::unsupported,
-              "moe_capturable is forward-only (decode under a CUDA graph): call it under torch.no_grad() / "
-              "torch::NoGradGuard");
+  std::vector<at::Tensor> inputs{x, topk_weights};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  refuse_recorded_call("moe_capturable (decode under a CUDA graph) is", inputs);
   at::AutoDispatchBelowADInplaceOrView below;
   return moe_capturable(layer, x, topk_ids, topk_weights, num_tokens, weights);
 }

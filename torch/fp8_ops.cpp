@@ -61,26 +61,17 @@ at::Tensor moe_mxfp8_x_meta(int64_t, const at::Tensor& x, const at::Tensor&, con
   return at::empty_like(x, x.options().dtype(at::kBFloat16));
 }
 
-// On the Autograd key: the FP8 layers have no backward, so a call autograd would record fails here,
-// rather than giving a y without a grad_fn that silently cuts the graph. (Local: a rank whose inputs
-// require grad while others' do not fails alone, and the others meet the communicator's deadline.)
-void refuse_grad(const at::Tensor& x, const at::Tensor& topk_weights) {
-  EPMOE_CHECK(!(at::GradMode::is_enabled() && (x.requires_grad() || topk_weights.requires_grad())),
-              ErrorCode::unsupported,
-              "epmoe FP8 layers are forward-only (inference): call them under torch.no_grad() / "
-              "torch::NoGradGuard, or on inputs that do not require grad");
-}
 at::Tensor moe_fp8_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
                             const at::Tensor& topk_weights, const at::Tensor& w1, const at::Tensor& w1_scale,
                             const at::Tensor& w2, const at::Tensor& w2_scale) {
-  refuse_grad(x, topk_weights);
+  refuse_recorded_call("epmoe FP8 layers are", {x, topk_weights});
   at::AutoDispatchBelowADInplaceOrView below;
   return moe_fp8(layer, x, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale);
 }
 at::Tensor moe_mxfp8_x_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& x_scale,
                                 const at::Tensor& topk_ids, const at::Tensor& topk_weights, const at::Tensor& w1,
                                 const at::Tensor& w1_scale, const at::Tensor& w2, const at::Tensor& w2_scale) {
-  refuse_grad(x, topk_weights);
+  refuse_recorded_call("epmoe FP8 layers are", {x, topk_weights});
   at::AutoDispatchBelowADInplaceOrView below;
   return moe_mxfp8_x(layer, x, x_scale, topk_ids, topk_weights, w1, w1_scale, w2, w2_scale);
 }
@@ -175,6 +166,13 @@ std::tuple<at::Tensor, at::Tensor> quantize_fp8_block128(const at::Tensor& w) {
     fp8b::quantize_weight(wf.data_ptr<float>() + i * N * K, N, int(K), q.data_ptr<uint8_t>() + i * N * K,
                           s.data_ptr<float>() + i * sblocks);
   return {q.to(w.device()), s.to(w.device())};
+}
+
+void refuse_recorded_call(const char* who, at::TensorList inputs) {
+  bool grad = false;
+  for (const at::Tensor& t : inputs) grad = grad || t.requires_grad();
+  EPMOE_CHECK(!(at::GradMode::is_enabled() && grad), ErrorCode::unsupported, who,
+              " forward-only: run under torch.no_grad() / torch::NoGradGuard, or on inputs that do not require grad");
 }
 
 TORCH_LIBRARY_FRAGMENT(epmoe, m) {

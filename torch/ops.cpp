@@ -243,10 +243,12 @@ c10::OperatorHandle op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 
-void* stream_of(const at::Tensor& t) {
-  if (!t.is_cuda()) return nullptr;
+void* stream_of(const at::Tensor& t) { return stream_of(t.device()); }
+
+void* stream_of(const c10::Device& device) {
+  if (!device.is_cuda()) return nullptr;
 #if EPMOE_TORCH_CUDA
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
 #else
   EPMOE_FAIL(ErrorCode::unsupported, "epmoe torch ops: a CUDA tensor, but these bindings were built against a "
              "torch without CUDA");

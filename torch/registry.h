@@ -19,10 +19,18 @@ c10::OperatorHandle op(const char* name);
 // The current CUDA stream of a CUDA tensor's device (the stream the ops order their work on);
 // nullptr for a CPU tensor (ops.cpp).
 void* stream_of(const at::Tensor& t);
+void* stream_of(const c10::Device& device);
 
 // LayerOptions::device_allocator for layers on CUDA tensors: torch's caching allocator (ops.cpp),
 // shared by every layer; null in a build whose torch has no CUDA.
 std::shared_ptr<DeviceAllocator> torch_device_allocator();
+
+// On the Autograd key of a forward-only op (the FP8 layers, the capturable forward): raises
+// Error(unsupported) "<who> forward-only" where autograd would record the call (grad mode on and one of
+// `inputs` requiring grad), rather than returning a y without a grad_fn that silently cuts
+// the graph (fp8_ops.cpp). (Local: a rank whose inputs require grad while others' do not fails
+// alone, and the others meet the communicator's deadline.)
+void refuse_recorded_call(const char* who, at::TensorList inputs);
 
 template <class T>
 class Registry {

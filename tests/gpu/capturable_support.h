@@ -18,8 +18,22 @@
 #include "epmoe/moe_layer.h"
 
 #include "device_array.h"
+#include "kernels/sm90/experts.cuh"
+#include "single_comm.h"
 
 namespace epmoe::test {
+
+// The suites' fixture: skips without a CUDA device or an sm_90a build; the single-rank NCCL
+// communicator released before exit.
+class CapturableSuite : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!cuda_available(why)) GTEST_SKIP() << why;
+    if (!kernels::sm90_experts_supported(current_device())) GTEST_SKIP() << "no sm_90a device";
+  }
+  static void TearDownTestSuite() { release_single_comm(); }
+};
 
 inline bool is_nan(bf16 v) {
   uint16_t b;

@@ -76,15 +76,7 @@ ReferenceGrads reference_local(const EpCase& c) {
   return g;
 }
 
-class CapturableBackwardGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(why)) GTEST_SKIP() << why;
-    if (!kernels::sm90_experts_supported(current_device())) GTEST_SKIP() << "no sm_90a device";
-  }
-  static void TearDownTestSuite() { release_single_comm(); }
-};
+class CapturableBackwardGpu : public CapturableSuite {};
 
 // One rank's layer and its N-row buffers (rank r of W: experts [r El, (r + 1) El) of the seed's).
 struct Rank {

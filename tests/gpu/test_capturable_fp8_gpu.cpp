@@ -42,15 +42,7 @@ constexpr Tolerance kMxGpuTolerance{1.0 / 32, 1.0 / 4, 1e-2};
 constexpr int kE = 16, kK = 4, kHidden = 1024, kFfn = 256;
 constexpr int64_t kN = 80;  // the capture's rows (= max_tokens_per_rank)
 
-class CapturableFp8Gpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(why)) GTEST_SKIP() << why;
-    if (!kernels::sm90_experts_supported(current_device())) GTEST_SKIP() << "no sm_90a device";
-  }
-  static void TearDownTestSuite() { release_single_comm(); }
-};
+class CapturableFp8Gpu : public CapturableSuite {};
 
 const char* layout_name(Fp8Layout l) { return l == Fp8Layout::mxfp8 ? "MXFP8" : "block-128"; }
 

@@ -42,15 +42,7 @@ constexpr Tolerance kTolerance{1.0 / 32, 1.0 / 32, 1e-2};
 constexpr int kE = 16, kK = 4, kHidden = 2048, kFfn = 256;
 constexpr int64_t kN = 80;  // the capture's rows (= max_tokens_per_rank)
 
-class CapturableGpu : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    if (!cuda_available(why)) GTEST_SKIP() << why;
-    if (!kernels::sm90_experts_supported(current_device())) GTEST_SKIP() << "no sm_90a device";
-  }
-  static void TearDownTestSuite() { release_single_comm(); }
-};
+class CapturableGpu : public CapturableSuite {};
 
 struct Fixture {
   MoeConfig cfg{.num_experts = kE, .top_k = kK, .hidden = kHidden, .ffn = kFfn, .world_size = 1, .rank = 0};

@@ -34,6 +34,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <tuple>
 
@@ -84,34 +85,50 @@ at::Tensor moe(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, c
 at::Tensor moe_capturable(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
                           const at::Tensor& topk_weights, const at::Tensor& num_tokens, at::TensorList weights);
 
-// The layer as a module: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn] bf16 Parameters,
-// initialised U(-1/sqrt(hidden), +) and U(-1/sqrt(ffn), +) (the fan-in bound of nn::Linear). The
-// MoeLayer is built on the first forward, on the Parameters' device (collective: every rank's first
-// forward), and again if they move to another device. With options.max_tokens_per_rank > 0 (CUDA),
-// forward_capturable is the forward for decode under a CUDA graph (make the layer, i.e. call it, once
-// before capturing); check_capturable raises the bad ids / counts its replays met.
-class MoeImpl : public torch::nn::Module {
+// What the modules below share: the config, communicator and options, and the MoeLayer behind their
+// ops, which follows the module's weights' device (built there on the first call and again after a
+// move, both collective; on CUDA its memory from torch's caching allocator unless the options name an
+// allocator). check_capturable waits for the current stream and raises the first bad id / count the
+// capturable forwards met (LayerOptions::max_tokens_per_rank > 0).
+class LayerModule : public torch::nn::Module {
  public:
-  MoeImpl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, LayerOptions options = {});
-  ~MoeImpl() override;
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
-  at::Tensor forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
-                                const at::Tensor& num_tokens);
-  void check_capturable();
+  ~LayerModule() override;
   const MoeConfig& config() const { return cfg_; }
   const std::shared_ptr<Communicator>& comm() const { return comm_; }
   const LayerOptions& options() const { return options_; }
   int64_t handle() const { return handle_; }  // 0 until the first forward
+  void check_capturable();
 
-  at::Tensor w1, w2;
+ protected:
+  LayerModule(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, LayerOptions options, const char* name);
+  // The layer on w1's device: make(options) where there is none yet or w1 has moved.
+  void ensure_layer(const at::Tensor& w1, const std::function<std::shared_ptr<MoeLayer>(const LayerOptions&)>& make);
 
  private:
-  void ensure_layer();
   MoeConfig cfg_;
   std::shared_ptr<Communicator> comm_;
   LayerOptions options_;
   int64_t handle_ = 0;
   c10::Device layer_device_{c10::kCPU};
+};
+
+// The layer as a module: w1 [E_local, 2 ffn, hidden] and w2 [E_local, hidden, ffn] bf16 Parameters,
+// initialised U(-1/sqrt(hidden), +) and U(-1/sqrt(ffn), +) (the fan-in bound of nn::Linear). The
+// MoeLayer is built on the first forward, on the Parameters' device (collective: every rank's first
+// forward), and again if they move to another device. With options.max_tokens_per_rank > 0 (CUDA),
+// forward_capturable is the forward for decode under a CUDA graph (make the layer, i.e. call it, once
+// before capturing).
+class MoeImpl : public LayerModule {
+ public:
+  MoeImpl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, LayerOptions options = {});
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
+  at::Tensor forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                const at::Tensor& num_tokens);
+
+  at::Tensor w1, w2;
+
+ private:
+  void ensure_layer();
 };
 TORCH_MODULE(Moe);
 
@@ -122,31 +139,23 @@ enum class Fp8Format { mxfp8, block128 };
 // the format. Like Moe, the MoeLayer is built on the first forward, on the buffers' device, and
 // again if they move. forward_mxfp8 takes x already in MXFP8 (an MXFP8 module only). A copy from a
 // Moe keeps its LayerOptions (max_tokens_per_rank included).
-class MoeFp8Impl : public torch::nn::Module {
+class MoeFp8Impl : public LayerModule {
  public:
   MoeFp8Impl(const MoeImpl& source, Fp8Format format);
   MoeFp8Impl(const MoeConfig& cfg, std::shared_ptr<Communicator> comm, at::Tensor w1, at::Tensor w1_scale,
              at::Tensor w2, at::Tensor w2_scale, LayerOptions options = {});
-  ~MoeFp8Impl() override;
   at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
   at::Tensor forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
                            const at::Tensor& topk_weights);
   // As Moe's (options.max_tokens_per_rank > 0; x bf16, quantized on the device).
   at::Tensor forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                                 const at::Tensor& num_tokens);
-  void check_capturable();
   Fp8Format format() const { return w1_scale.scalar_type() == at::kFloat ? Fp8Format::block128 : Fp8Format::mxfp8; }
-  int64_t handle() const { return handle_; }
 
   at::Tensor w1, w1_scale, w2, w2_scale;
 
  private:
   void ensure_layer();
-  MoeConfig cfg_;
-  std::shared_ptr<Communicator> comm_;
-  LayerOptions options_;
-  int64_t handle_ = 0;
-  c10::Device layer_device_{c10::kCPU};
 };
 TORCH_MODULE(MoeFp8);
 
