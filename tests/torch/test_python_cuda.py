@@ -177,11 +177,6 @@ class CudaWorld1(unittest.TestCase):
             torch.cuda.synchronize()
         finally:
             ops.release_context(ctx)
-        # The FP8 inference op (bf16 x): schema, fake kernel, traced as an inference forward.
-        fp8 = epmoe.MoEFp8.from_module(moe, "mxfp8")
-        fp8._ensure_layer()
-        opcheck(ops.moe_fp8.default, (fp8._layer, x, ids, wts, fp8.w1, fp8.w1_scale, fp8.w2, fp8.w2_scale),
-                test_utils=infer)
         ref, dw1, dw2 = reference(w1, w2, ranks)
         close(self, "accumulate y", y.cpu(), ref[0][2])
         close(self, "accumulate dx", dx.cpu(), ref[0][0])
@@ -272,6 +267,19 @@ class CudaWorld1(unittest.TestCase):
         fp8._ensure_layer()
         opcheck(ops.moe_fp8.default, (fp8._layer, x, ids, wts, fp8.w1, fp8.w1_scale, fp8.w2, fp8.w2_scale),
                 test_utils=infer)
+        # The capturable forward, bf16 and MXFP8 layers (forward-only: schema, fake kernel, inference tracing;
+        # num_tokens on the device, below the rows given).
+        cap = epmoe.MoE(8, 2, 256, 256, self.comm, max_tokens=x.shape[0]).cuda()
+        with torch.no_grad():
+            cap.w1.copy_(W1)
+            cap.w2.copy_(W2)
+        num = torch.full((1,), x.shape[0] - 3, dtype=torch.long, device="cuda")
+        ids32 = ids.int()  # (the capturable op casts nothing)
+        for mod in (cap, epmoe.MoEFp8.from_module(cap, "mxfp8")):
+            with torch.no_grad():
+                mod.forward_capturable(x, ids32, wts, num)  # makes the layer
+            opcheck(ops.moe_capturable.default, (mod._layer, x, ids32, wts, num, list(mod._weights())),
+                    test_utils=infer)
         # Reported, not counted: AOT tracing of moe *with* gradients. The saved forward travels to the
         # backward as a host integer handle (the Meta kernel's is 0), which tracing bakes into the
         # backward graph; the compiled backward then looks up a context that does not exist.
