@@ -40,6 +40,7 @@
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/swap_mx.cuh"
 #include "kernels/sm90/tensor_maps.cuh"
+#include "kernels/sm90/tile_fp8_common.cuh"
 #include "kernels/sm90/up_common.cuh"
 #include "kernels/sm90/zero_out.cuh"
 
@@ -79,16 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_dim = kUp ? a.hidden : a.ffn;
   const int num_k = k_dim / kMxBK;
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
-  if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
-    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
-    return;
-  }
-  if (threadIdx.x == 0) {
-    ring.init(1 + kFp8bGatherThreads, kConsumerThreads);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  if constexpr (kUp) grid_launch_dependents();  // DOWN's prologue may start
+  if (!tile_kernel_start<kUp>(ring, zero, items, 1 + kFp8bGatherThreads)) return;
 
   const int64_t first = blockIdx.x, stride = gridDim.x;
   const float* w_scale = reinterpret_cast<const float*>(a.w_scale);
@@ -106,10 +98,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         RingCursor<kFp8bTileStages> cur;
         for (int64_t w = first; w < items; w += stride) {
           const MxTileItem it = mx_tile_item(a, w, blocks);
-          const int rows = it.rows;
-          auto src_row = [&](int r) { return r >= rows ? int32_t(-1) : kUp ? a.pair_row[it.m0 + r] : int32_t(it.m0 + r); };
-          const GatherRows<8> src = gather.rows(src16, a.src_rows, src_row16, [&](int i) { return src_row(gather.row(i)); });
-          const int32_t tr = src_row(t);
+          const GatherRows<8> src =
+              gather.rows(src16, a.src_rows, src_row16, [&](int i) { return tile_src_row<kUp>(a, it, gather.row(i)); });
+          const int32_t tr = tile_src_row<kUp>(a, it, t);
           const bool tok_ok = tr >= 0 && int64_t(tr) < a.src_rows;
           const uint8_t* tok_sc = a.src + (tok_ok ? int64_t(tr) * a.src_row_bytes + k_dim : 0);
           // Thread t < kHalves: the weight scale block row of the item (UP: gate, then up).
@@ -122,16 +113,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int kt = 0; kt < num_k; ++kt, cur.advance()) {
               const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kMxTileStageBytes;
               ring.wait_empty(cur);
-              if (t == 0) {
-                mbar_arrive_expect_tx(full, kMxTileATileBytes);
-                if constexpr (kUp) {
-                  const int j32 = 2 * (2 * it.j + hf);  // the half's first 32-column block
-                  tma_load_4d(dst, &tm_w, full, kt * kMxBK, 0, 2 * it.e, 4 * j32);
-                  tma_load_4d(dst + kMxTileATileBytes / 2, &tm_w, full, kt * kMxBK, 0, 2 * it.e, 4 * (j32 + 1));
-                } else {
-                  tma_load_3d(dst, &tm_w, full, kt * kMxBK, kMxTileWeightRows * it.j, it.e);
-                }
-              }
+              if (t == 0) load_tile_weights<kUp>(dst, &tm_w, full, kt, it.e, kUp ? 2 * it.j + hf : it.j);  // (UP: the half)
               gather.copy(src, s * kMxTileStageBytes, kt);
               const uint32_t sc = sc_base + s * kFp8bScaleStageBytes;
               cp_async_4_zfill(sc + uint32_t(t) * 4u, tok_sc + 4 * kt, tok_ok ? 4u : 0u);
@@ -193,31 +175,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             if constexpr (kUp) {
               // The previous item's quantizers have read the staging rows (before the first half's writes).
               if (hf == 0) named_barrier_sync(1, kConsumerThreads);
-              const int col = 64 * hf + 32 * c + 8 * wl + (lane >> 2);  // gate (h 0) and partner (h 1): one act column
-#pragma unroll
-              for (int g = 0; g < 16; ++g)
-#pragma unroll
-                for (int b = 0; b < 2; ++b) {
-                  const int t = 8 * g + 2 * (lane & 3) + b;
-                  st_shared_f32(stg + uint32_t(t * kFp8bUpStride + col) * 4u, silu_tanh(acc[4 * g + b]) * acc[4 * g + 2 + b]);
-                }
+              stage_tile_swiglu<kFp8bUpStride>(stg, 64 * hf + 32 * c + 8 * wl + (lane >> 2), acc, lane);
             } else {
               // This buffer's bulk reductions (two items ago) have read it: the issuing threads wait,
               // the barrier tells the others.
               if (u < kBM) bulk_wait_read_one();
               named_barrier_sync(1, kConsumerThreads);
-#pragma unroll
-              for (int g = 0; g < 16; ++g)
-#pragma unroll
-                for (int b = 0; b < 2; ++b) {
-                  const int t = 8 * g + 2 * (lane & 3) + b;
-                  const float wt = t < rows ? a.pair_weight[it.m0 + t] : 0.0f;
-#pragma unroll
-                  for (int h = 0; h < 2; ++h) {
-                    const int f = 64 * c + 16 * wl + (lane >> 2) + 8 * h;
-                    st_shared_bf16(dstg + uint32_t(t * kMxTileDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
-                  }
-                }
+              stage_tile_weighted(dstg, a, it, acc, c, wl, lane);
               fence_proxy_async_shared();  // the bulk reductions read these rows through the async proxy
             }
           }

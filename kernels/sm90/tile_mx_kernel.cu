@@ -31,11 +31,11 @@
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/swap_mx.cuh"
 #include "kernels/sm90/tensor_maps.cuh"
+#include "kernels/sm90/tile_fp8_common.cuh"
 #include "kernels/sm90/up_common.cuh"
 #include "kernels/sm90/zero_out.cuh"
 
 namespace epmoe::kernels::sm90 {
-
 
 inline constexpr uint32_t kMxTileProducerRegs = 104, kMxTileConsumerRegs = 200;
 inline constexpr int kMxTileGatherThreads = 128;
@@ -92,16 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_dim = kUp ? a.hidden : a.ffn;
   const int num_k = k_dim / kMxBK;
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
-  if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
-    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
-    return;
-  }
-  if (threadIdx.x == 0) {
-    ring.init(1 + kMxTileGatherThreads, kConsumerThreads);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  if constexpr (kUp) grid_launch_dependents();  // DOWN's prologue may start
+  if (!tile_kernel_start<kUp>(ring, zero, items, 1 + kMxTileGatherThreads)) return;
 
   const int64_t first = blockIdx.x, stride = gridDim.x;
   run_warp_roles<kMxTileProducerRegs, kMxTileConsumerRegs>(
@@ -118,26 +109,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         RingCursor<kMxTileStages> cur;
         for (int64_t w = first; w < items; w += stride) {
           const MxTileItem it = mx_tile_item(a, w, blocks);
-          const int rows = it.rows;
-          auto src_row = [&](int r) { return r >= rows ? int32_t(-1) : kUp ? a.pair_row[it.m0 + r] : int32_t(it.m0 + r); };
-          const GatherRows<8> src = gather.rows(src16, a.src_rows, src_row16, [&](int i) { return src_row(gather.row(i)); });
+          const GatherRows<8> src =
+              gather.rows(src16, a.src_rows, src_row16, [&](int i) { return tile_src_row<kUp>(a, it, gather.row(i)); });
           const uint8_t* w_sc = a.w_scale + tile_weight_row<kUp>(a, it, t) * (k_dim / mx::kBlock);
-          const int32_t tr = src_row(t);
+          const int32_t tr = tile_src_row<kUp>(a, it, t);
           const bool tok_ok = tr >= 0 && int64_t(tr) < a.src_rows;
           const uint8_t* tok_sc = a.src + (tok_ok ? int64_t(tr) * a.src_row_bytes + k_dim : 0);
           zero_step(zero, zero.per_item, t, kMxTileGatherThreads);
           for (int kt = 0; kt < num_k; ++kt, cur.advance()) {
             const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kMxTileStageBytes;
             ring.wait_empty(cur);
-            if (t == 0) {
-              mbar_arrive_expect_tx(full, kMxTileATileBytes);
-              if constexpr (kUp) {
-                tma_load_4d(dst, &tm_w, full, kt * kMxBK, 0, 2 * it.e, 4 * (2 * it.j));
-                tma_load_4d(dst + kMxTileATileBytes / 2, &tm_w, full, kt * kMxBK, 0, 2 * it.e, 4 * (2 * it.j + 1));
-              } else {
-                tma_load_3d(dst, &tm_w, full, kt * kMxBK, kMxTileWeightRows * it.j, it.e);
-              }
-            }
+            if (t == 0) load_tile_weights<kUp>(dst, &tm_w, full, kt, it.e, it.j);
             gather.copy(src, s * kMxTileStageBytes, kt);
             const uint32_t sc = sc_base + s * kMxTileScaleStageBytes;
             cp_async_4_zfill(sc + uint32_t(t) * 4u, w_sc + 4 * kt, 4u);
@@ -191,15 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int rows = it.rows;
           named_barrier_sync(1, kConsumerThreads);  // the previous item's copy-out has read the staging rows
           if constexpr (kUp) {
-            const int col = 32 * c + 8 * wl + (lane >> 2);  // act column of the item's 64: gate (h 0), partner (h 1)
-#pragma unroll
-            for (int g = 0; g < 16; ++g)
-#pragma unroll
-              for (int b = 0; b < 2; ++b) {
-                const int t = 8 * g + 2 * (lane & 3) + b;
-                st_shared_f32(stg + uint32_t(t * kMxTileUpStride + col) * 4u,
-                              silu_tanh(acc[4 * g + b]) * acc[4 * g + 2 + b]);
-              }
+            stage_tile_swiglu<kMxTileUpStride>(stg, 32 * c + 8 * wl + (lane >> 2), acc, lane);  // of the item's 64
             named_barrier_sync(1, kConsumerThreads);
             const int tok = u >> 1, blk = u & 1;
             if (tok < rows) {
@@ -221,18 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               dst[a.ffn + 2 * it.j + blk] = uint8_t(scale);
             }
           } else {
-#pragma unroll
-            for (int g = 0; g < 16; ++g)
-#pragma unroll
-              for (int b = 0; b < 2; ++b) {
-                const int t = 8 * g + 2 * (lane & 3) + b;
-                const float wt = t < rows ? a.pair_weight[it.m0 + t] : 0.0f;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                  const int f = 64 * c + 16 * wl + (lane >> 2) + 8 * h;
-                  st_shared_bf16(stg + uint32_t(t * kMxTileDownStride + f) * 2u, wt * acc[4 * g + 2 * h + b]);
-                }
-              }
+            stage_tile_weighted(stg, a, it, acc, c, wl, lane);
             named_barrier_sync(1, kConsumerThreads);
             for (int q = u; q < rows * 16; q += kConsumerThreads) {
               const int r = q >> 4, piece = q & 15;
