@@ -72,16 +72,8 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   const int k_dim = kUp ? a.hidden : a.ffn;
   const int num_k = k_dim / kMxBK;
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
-  if (int64_t(blockIdx.x) >= items) {  // no work: zero this CTA's share of out and leave
-    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kSwapThreads);
-    return;
-  }
-  if (threadIdx.x == 0) {
-    ring.init(1 + kSwapGatherThreads, 128);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  if constexpr (kUp) grid_launch_dependents();  // DOWN's prologue and weight loads may start
+  // (UP: DOWN's prologue and weight loads may start)
+  if (!start_persistent_kernel<kUp>(ring, zero, items, kSwapThreads, 1 + kSwapGatherThreads, 128)) return;
 
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
   const int64_t first = blockIdx.x, stride = gridDim.x;

@@ -1,39 +1,18 @@
 // The FP8 tile forms' shared pieces (tile_mx_kernel.cu: MX scales per k32 block; tile_fp8b_kernel.cu:
 // block-128 scales per stage): the same 128-row token tile x 128 weight rows per stage, the same
-// producer roles and the same epilogue fragment walks; only the scales and their promotion differ.
+// weight boxes, source rows and epilogue fragment walks; only the scales and their promotion differ.
 #pragma once
 #include <cstdint>
 
-#include "kernels/sm90/core/kernel.cuh"
 #include "kernels/sm90/core/ptx.cuh"
-#include "kernels/sm90/core/ring.cuh"
 #include "kernels/sm90/mx_common.cuh"
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/tile_config.h"
 #include "kernels/sm90/up_common.cuh"
-#include "kernels/sm90/zero_out.cuh"
 
 namespace epmoe::kernels::sm90 {
 
 #if EPMOE_SM90A_DEVICE
-// A tile kernel's start: a CTA with no item zeroes its share of out and returns false; otherwise the
-// ring's barriers are made (producers = gathering threads + the TMA issuer) and UP lets DOWN's
-// prologue start.
-template <bool kUp, int S>
-__device__ __forceinline__ bool tile_kernel_start(const Ring<S>& ring, ZeroPlan& zero, int64_t items, int producers) {
-  if (int64_t(blockIdx.x) >= items) {
-    zero_step(zero, zero.end - zero.next, int(threadIdx.x), kThreads);
-    return false;
-  }
-  if (threadIdx.x == 0) {
-    ring.init(producers, kConsumerThreads);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  if constexpr (kUp) grid_launch_dependents();
-  return true;
-}
-
 // The source row of the item's tile row r (UP: the pair's token row in x; DOWN: the act row itself),
 // -1 past the tile's real rows.
 template <bool kUp>

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_dim = kUp ? a.hidden : a.ffn;
   const int num_k = k_dim / kMxBK;
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
-  if (!tile_kernel_start<kUp>(ring, zero, items, 1 + kFp8bGatherThreads)) return;
+  if (!start_persistent_kernel<kUp>(ring, zero, items, kThreads, 1 + kFp8bGatherThreads, kConsumerThreads)) return;
 
   const int64_t first = blockIdx.x, stride = gridDim.x;
   const float* w_scale = reinterpret_cast<const float*>(a.w_scale);

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_dim = kUp ? a.hidden : a.ffn;
   const int num_k = k_dim / kMxBK;
   ZeroPlan zero = kUp ? make_zero_plan<false>(a.zero_out, a.zero_chunks, items) : ZeroPlan{};
-  if (!tile_kernel_start<kUp>(ring, zero, items, 1 + kMxTileGatherThreads)) return;
+  if (!start_persistent_kernel<kUp>(ring, zero, items, kThreads, 1 + kMxTileGatherThreads, kConsumerThreads)) return;
 
   const int64_t first = blockIdx.x, stride = gridDim.x;
   run_warp_roles<kMxTileProducerRegs, kMxTileConsumerRegs>(

@@ -1,10 +1,12 @@
 // The UP kernels' in-kernel zeroing of out (ExpertProblem::zero_out), shared by the 128-row UP
-// (up_kernel.cu) and the pair UP (up_pair_kernel.cu).
+// (up_kernel.cu), the pair UP (up_pair_kernel.cu) and the swap-AB and FP8 UPs, and the persistent
+// swap-AB / FP8 tile kernels' start (a CTA without items only zeroes).
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "kernels/sm90/core/ring.cuh"
 #include "kernels/sm90/work_items.cuh"
 
 namespace epmoe::kernels::sm90 {
@@ -38,6 +40,25 @@ __device__ __forceinline__ void zero_step(ZeroPlan& z, int64_t n, int t, int nth
   const int64_t stop = n < z.end - z.next ? z.next + n : z.end;
   for (int64_t i = z.next + t; i < stop; i += nthreads) z.base[i] = make_uint4(0u, 0u, 0u, 0u);
   z.next = stop;
+}
+
+// A persistent kernel's start, all `threads` threads: a CTA without items zeroes its share of out and
+// returns false; otherwise thread 0 makes the ring's barriers (producer / consumer arrivals per
+// phase) and UP lets its PDL dependent (DOWN) start its prologue.
+template <bool kUp, int S>
+__device__ __forceinline__ bool start_persistent_kernel(const Ring<S>& ring, ZeroPlan& zero, int64_t items, int threads,
+                                                        int producers, int consumers) {
+  if (int64_t(blockIdx.x) >= items) {
+    zero_step(zero, zero.end - zero.next, int(threadIdx.x), threads);
+    return false;
+  }
+  if (threadIdx.x == 0) {
+    ring.init(producers, consumers);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  if constexpr (kUp) grid_launch_dependents();
+  return true;
 }
 #endif
 }  // namespace epmoe::kernels::sm90
