@@ -29,6 +29,7 @@
 #include "kernels/sm90/swap_items.cuh"
 #include "kernels/sm90/tensor_maps.cuh"
 #include "kernels/sm90/up_common.cuh"
+#include "kernels/sm90/zero_out.cuh"
 
 namespace epmoe::kernels::sm90 {
 
@@ -117,13 +118,9 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   const int64_t tiles = a.padded_offsets[a.experts] / kBM;
   const int64_t half_items = tiles * ceil_div(a.ffn, 32), items = 2 * half_items;
   const int num_k = ceil_div(a.hidden, kBK), num_d = (a.hidden + kFusedDownRows - 1) / kFusedDownRows;
-  if (int64_t(blockIdx.x) >= items) return;
-  if (threadIdx.x == 0) {
-    ring.init(1 + kSwapGatherThreads, 128);
-    mbar_fence_init();
-  }
-  __syncthreads();
-  grid_launch_dependents();  // the bf16 write-out's launch may start; it waits for this grid
+  ZeroPlan no_zeroing{};  // (the write-out writes every row of out)
+  // (the bf16 write-out's launch may start; it waits for this grid)
+  if (!start_persistent_kernel</*kUp=*/true>(ring, no_zeroing, items, kSwapThreads, 1 + kSwapGatherThreads, 128)) return;
 
   const int warp = int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
   const int64_t first = blockIdx.x, stride = gridDim.x;
@@ -159,12 +156,9 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
     for (int64_t w = first; w < items; w += stride) {
       const SwapItem it = swap_item(a, w, tiles, half_items);
       if (it.rows == 0) continue;  // an upper half of padding: nothing to add
-      switch (swap_ab_n(it.rows)) {
-        case 8: fused_consume<8>(a, it, cur, ring, ring_base, act_tile, stg, num_k, num_d, warp - 4, lane); break;
-        case 16: fused_consume<16>(a, it, cur, ring, ring_base, act_tile, stg, num_k, num_d, warp - 4, lane); break;
-        case 32: fused_consume<32>(a, it, cur, ring, ring_base, act_tile, stg, num_k, num_d, warp - 4, lane); break;
-        default: fused_consume<64>(a, it, cur, ring, ring_base, act_tile, stg, num_k, num_d, warp - 4, lane); break;
-      }
+      with_swap_n(it.rows, [&](auto n) {
+        fused_consume<decltype(n)::value>(a, it, cur, ring, ring_base, act_tile, stg, num_k, num_d, warp - 4, lane);
+      });
     }
   } else {
     // ---- weights: the item's W1 box per UP stage, then its W2 slice, 256 rows per DOWN stage ----

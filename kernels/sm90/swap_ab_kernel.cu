@@ -156,12 +156,9 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
         if constexpr (kUp) store_act_rows(a, it, 0, 0u, 0u, 0u, int(threadIdx.x) - 128);
         continue;
       }
-      switch (swap_ab_n(it.rows)) {
-        case 8: swap_consume<kUp, 8>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        case 16: swap_consume<kUp, 16>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        case 32: swap_consume<kUp, 32>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-        default: swap_consume<kUp, 64>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane); break;
-      }
+      with_swap_n(it.rows, [&](auto n) {
+        swap_consume<kUp, decltype(n)::value>(a, it, cur, ring, ring_base, stg, num_k, warp - 4, lane);
+      });
     }
   } else {
     // ---- weights: one 64-row box per stage ----

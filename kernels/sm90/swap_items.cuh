@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/sm90/core/ptx.cuh"
 #include "kernels/sm90/core/ring.cuh"
@@ -62,6 +63,18 @@ __device__ __forceinline__ SwapItem swap_item(const Args& a, int64_t w, int64_t 
   it.e = expert_of_tile(a.padded_offsets, a.experts, t0);
   it.rows = count_real_rows<kSwapRows>(a.pair_row, it.m0);
   return it;
+}
+
+// f(std::integral_constant<int, N>{}) at the item's N (swap_ab_n of its real rows: 8, 16, 32, 64), so
+// the consumer runs the wgmma shape that covers its rows.
+template <class F>
+__device__ __forceinline__ void with_swap_n(int rows, F&& f) {
+  switch (swap_ab_n(rows)) {
+    case 8: f(std::integral_constant<int, 8>{}); break;
+    case 16: f(std::integral_constant<int, 16>{}); break;
+    case 32: f(std::integral_constant<int, 32>{}); break;
+    default: f(std::integral_constant<int, 64>{}); break;
+  }
 }
 
 __device__ __forceinline__ void st_shared_bf16(uint32_t addr, float v) {

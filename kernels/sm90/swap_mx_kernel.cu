@@ -98,12 +98,9 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
     for (int64_t w = first; w < items; w += stride) {
       const SwapItem it = swap_item(a, w, tiles, half_items);
       if (it.rows == 0) continue;
-      switch (swap_ab_n(it.rows)) {
-        case 8: mx_consume<kUp, 8>(a, it, cur, ring, ring_base, sc_base, stg, num_k, warp - 4, lane); break;
-        case 16: mx_consume<kUp, 16>(a, it, cur, ring, ring_base, sc_base, stg, num_k, warp - 4, lane); break;
-        case 32: mx_consume<kUp, 32>(a, it, cur, ring, ring_base, sc_base, stg, num_k, warp - 4, lane); break;
-        default: mx_consume<kUp, 64>(a, it, cur, ring, ring_base, sc_base, stg, num_k, warp - 4, lane); break;
-      }
+      with_swap_n(it.rows, [&](auto n) {
+        mx_consume<kUp, decltype(n)::value>(a, it, cur, ring, ring_base, sc_base, stg, num_k, warp - 4, lane);
+      });
     }
   } else {
     // ---- weights: one 64-row box per stage ----
