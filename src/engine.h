@@ -28,10 +28,12 @@ class MoeLayer::Engine {
                         const TensorView& d_topk_weights, const ExpertGradients& grads, void* stream) = 0;
   // Checked (shapes, dtype, device) and bound for the next calls (MoeLayer::bind_weights).
   virtual void bind_weights(const ExpertWeights& w) = 0;
-  // MoeLayer::forward_capturable / check_capturable (the GPU engine's; others have none).
+  // MoeLayer::forward_capturable / forward_capturable_mxfp8 (x_scale: x given in MXFP8) /
+  // check_capturable (the GPU engine's; others have none).
   virtual void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
-                                  const TensorView& y, const int64_t* num_tokens, void* stream, bool save) {
-    (void)x, (void)topk_ids, (void)topk_weights, (void)y, (void)num_tokens, (void)stream, (void)save;
+                                  const TensorView& y, const int64_t* num_tokens, void* stream, bool save,
+                                  const TensorView* x_scale) {
+    (void)x, (void)topk_ids, (void)topk_weights, (void)y, (void)num_tokens, (void)stream, (void)save, (void)x_scale;
     EPMOE_FAIL(ErrorCode::unsupported, "forward_capturable needs the GPU engine (cuda weights)");
   }
   virtual void backward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& dy,

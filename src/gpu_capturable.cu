@@ -106,16 +106,25 @@ void GpuEngine::init_capturable() {
 }
 
 void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& wts,
-                                   const TensorView& y, const int64_t* num_tokens, void* stream, bool save) {
+                                   const TensorView& y, const int64_t* num_tokens, void* stream, bool save,
+                                   const TensorView* x_scale) {
   EPMOE_CHECK(opt_.max_tokens_per_rank > 0, ErrorCode::invalid_argument,
               "forward_capturable: the layer was built without LayerOptions::max_tokens_per_rank");
+  EPMOE_CHECK(x_scale == nullptr || (fp8_ && fp8_scales_ == kernels::Fp8Scales::mx32), ErrorCode::unsupported,
+              "forward_capturable_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ",
+              fp8_ ? "FP8 block-128" : "bf16");
   DeviceGuard guard(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // Host checks of shapes and pointers: the same on every rank that passes the same kind of buffers
   // (a capture fixes them), so a local throw here is a caller's bug, not a data-dependent failure.
-  protocol::Status st = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda);
+  protocol::Status st = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cuda, x_scale);
   if (st.ok()) st = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
+  if (st.ok() && x_scale != nullptr) st = check_devices({{x_scale, "x_scale"}});
   if (!st.ok()) throw Error(st.code, "forward_capturable: " + st.text);
+  EPMOE_CHECK(x_scale == nullptr || (reinterpret_cast<uintptr_t>(x.data) % 16 == 0 &&
+                                     reinterpret_cast<uintptr_t>(x_scale->data) % 4 == 0),
+              ErrorCode::invalid_argument,
+              "forward_capturable_mxfp8: x must be 16-byte and x_scale 4-byte aligned (the pack copies whole words)");
   const int64_t N = x.shape[0];
   EPMOE_CHECK(N <= opt_.max_tokens_per_rank, ErrorCode::invalid_argument, "forward_capturable: ", N,
               " rows exceed max_tokens_per_rank ", opt_.max_tokens_per_rank);
@@ -167,10 +176,14 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
     if (m.form == kernels::MxForm::fused) m.out_acc = cap_fused_acc_.as<float>();
     kernels::sm90_mx_experts_launch(m, s);
   };
-  // x's first *num_tokens rows quantized to packed rows of the layer's format, in cap_xq_.
+  // x's first *num_tokens rows as packed rows of the layer's format, in cap_xq_: quantized, or
+  // copied as given (x_scale: x in MXFP8).
   auto quantize_x = [&]() {
     uint8_t* xq = cap_xq_.as<uint8_t>();
-    if (fp8_scales_ == kernels::Fp8Scales::block128)
+    if (x_scale != nullptr)
+      kernels::pack_rows_mx_given_launch(x.ptr<uint8_t>(), x_scale->ptr<uint8_t>(), cfg.hidden, nullptr, N, xq, s,
+                                         num_tokens);
+    else if (fp8_scales_ == kernels::Fp8Scales::block128)
       kernels::pack_rows_fp8b_launch(x.ptr<__nv_bfloat16>(), cfg.hidden, nullptr, N, xq, s, num_tokens);
     else
       kernels::pack_rows_mx_launch(x.ptr<__nv_bfloat16>(), cfg.hidden, nullptr, N, xq, s, num_tokens);

@@ -68,7 +68,7 @@ class GpuEngine final : public MoeLayer::Engine {
   // gpu_capturable.cu: the capturable forward (local: layout, UP, DOWN straight into y; slots: the
   // dispatch and combine as fixed-size slot all-to-alls around them).
   void forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& wts, const TensorView& y,
-                          const int64_t* num_tokens, void* stream, bool save) override;
+                          const int64_t* num_tokens, void* stream, bool save, const TensorView* x_scale) override;
   void check_capturable(void* stream) override;
   // gpu_capturable_backward.cu: the capturable backward on the saved capturable forward.
   void backward_capturable(const TensorView& x, const TensorView& ids, const TensorView& dy, const TensorView& dx,

@@ -70,7 +70,13 @@ void MoeLayer::backward(const MoeForwardContext& ctx, const TensorView& dy, cons
 
 void MoeLayer::forward_capturable(const TensorView& x, const TensorView& ids, const TensorView& w,
                                   const TensorView& y, const int64_t* num_tokens, void* stream, bool save) {
-  engine_->forward_capturable(x, ids, w, y, num_tokens, stream, save);
+  engine_->forward_capturable(x, ids, w, y, num_tokens, stream, save, nullptr);
+}
+
+void MoeLayer::forward_capturable_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& ids,
+                                        const TensorView& w, const TensorView& y, const int64_t* num_tokens,
+                                        void* stream) {
+  engine_->forward_capturable(x, ids, w, y, num_tokens, stream, /*save=*/false, &x_scale);
 }
 
 void MoeLayer::backward_capturable(const TensorView& x, const TensorView& ids, const TensorView& dy,

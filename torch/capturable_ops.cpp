@@ -7,6 +7,10 @@
 //       the first num_tokens rows are the tokens, y's other rows come back 0. weights: [w1, w2] of a
 //       bf16 layer or [w1, w1_scale, w2, w2_scale] of an FP8 one, bound as every op binds them (a
 //       replay runs on the pointers its capture saw, as any CUDA graph does).
+//   moe_capturable_mxfp8_x(int layer, Tensor x, Tensor x_scale, Tensor topk_ids, Tensor topk_weights,
+//                          Tensor num_tokens, Tensor[] weights) -> Tensor y
+//       an MXFP8 layer's, x given in the format (as moe_mxfp8_x): x E4M3 [N, hidden], x_scale E8M0
+//       [N, hidden / 32] (uint8 bytes or torch's float8 dtypes); y bf16 [N, hidden].
 //   check_capturable(int layer, Tensor on_device) -> ()
 //       waits for the current stream of on_device's GPU and raises the first bad id / count the
 //       replays met (their rows were NaN).
@@ -34,17 +38,23 @@ ExpertWeights bound_weights(const std::vector<at::Tensor>& w) {
   return {view_of(w[0]), view_of(w[1])};
 }
 
+// The routing and count dtypes (no casts are made: one inside a capture would be a hidden copy).
+void check_capturable_inputs(const char* who, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                             const at::Tensor& num_tokens) {
+  EPMOE_CHECK(topk_ids.scalar_type() == at::kInt && topk_weights.scalar_type() == at::kFloat &&
+                  num_tokens.scalar_type() == at::kLong && num_tokens.numel() == 1,
+              ErrorCode::invalid_argument, who,
+              ": topk_ids must be int32, topk_weights float32 and num_tokens a one-element int64 "
+              "tensor (no casts are made: one inside a capture would be a hidden copy), got ",
+              topk_ids.scalar_type(), ", ", topk_weights.scalar_type(), ", ", num_tokens.scalar_type(), " of ",
+              num_tokens.numel(), " elements");
+}
+
 at::Tensor moe_capturable_impl(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
                                const at::Tensor& topk_weights, const at::Tensor& num_tokens,
                                at::TensorList weights) {
   const std::shared_ptr<MoeLayer> L = layer_of(layer);
-  EPMOE_CHECK(topk_ids.scalar_type() == at::kInt && topk_weights.scalar_type() == at::kFloat &&
-                  num_tokens.scalar_type() == at::kLong && num_tokens.numel() == 1,
-              ErrorCode::invalid_argument,
-              "moe_capturable: topk_ids must be int32, topk_weights float32 and num_tokens a one-element int64 "
-              "tensor (no casts are made: one inside a capture would be a hidden copy), got ",
-              topk_ids.scalar_type(), ", ", topk_weights.scalar_type(), ", ", num_tokens.scalar_type(), " of ",
-              num_tokens.numel(), " elements");
+  check_capturable_inputs("moe_capturable", topk_ids, topk_weights, num_tokens);
   EPMOE_CHECK(x.is_contiguous() && topk_ids.is_contiguous() && topk_weights.is_contiguous(),
               ErrorCode::invalid_argument, "moe_capturable: x, topk_ids and topk_weights must be contiguous");
   L->bind_weights(bound_weights(weights.vec()));
@@ -54,9 +64,31 @@ at::Tensor moe_capturable_impl(int64_t layer, const at::Tensor& x, const at::Ten
   return y;
 }
 
+at::Tensor moe_capturable_mxfp8_x_impl(int64_t layer, const at::Tensor& x, const at::Tensor& x_scale,
+                                       const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                       const at::Tensor& num_tokens, at::TensorList weights) {
+  const std::shared_ptr<MoeLayer> L = layer_of(layer);
+  check_capturable_inputs("moe_capturable_mxfp8_x", topk_ids, topk_weights, num_tokens);
+  EPMOE_CHECK(x.is_contiguous() && x_scale.is_contiguous() && topk_ids.is_contiguous() &&
+                  topk_weights.is_contiguous(),
+              ErrorCode::invalid_argument,
+              "moe_capturable_mxfp8_x: x, x_scale, topk_ids and topk_weights must be contiguous");
+  L->bind_weights(bound_weights(weights.vec()));
+  at::Tensor y = at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
+  L->forward_capturable_mxfp8(view_as(x, DType::e4m3), view_as(x_scale, DType::e8m0), view_of(topk_ids),
+                              view_of(topk_weights), view_of(y), static_cast<const int64_t*>(num_tokens.data_ptr()),
+                              stream_of(x));
+  return y;
+}
+
 at::Tensor moe_capturable_meta(int64_t, const at::Tensor& x, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                at::TensorList) {
   return at::empty_like(x);
+}
+
+at::Tensor moe_capturable_mxfp8_x_meta(int64_t, const at::Tensor& x, const at::Tensor&, const at::Tensor&,
+                                       const at::Tensor&, const at::Tensor&, at::TensorList) {
+  return at::empty(x.sizes(), x.options().dtype(at::kBFloat16));
 }
 
 // No backward through a graph here (refuse_recorded_call).
@@ -68,6 +100,16 @@ at::Tensor moe_capturable_autograd(int64_t layer, const at::Tensor& x, const at:
   refuse_recorded_call("moe_capturable (decode under a CUDA graph) is", inputs);
   at::AutoDispatchBelowADInplaceOrView below;
   return moe_capturable(layer, x, topk_ids, topk_weights, num_tokens, weights);
+}
+
+at::Tensor moe_capturable_mxfp8_x_autograd(int64_t layer, const at::Tensor& x, const at::Tensor& x_scale,
+                                           const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                           const at::Tensor& num_tokens, at::TensorList weights) {
+  std::vector<at::Tensor> inputs{x, x_scale, topk_weights};
+  inputs.insert(inputs.end(), weights.begin(), weights.end());
+  refuse_recorded_call("moe_capturable_mxfp8_x (decode under a CUDA graph) is", inputs);
+  at::AutoDispatchBelowADInplaceOrView below;
+  return moe_capturable_mxfp8_x(layer, x, x_scale, topk_ids, topk_weights, num_tokens, weights);
 }
 
 void check_capturable_op(int64_t layer, const at::Tensor& on_device) {
@@ -84,14 +126,37 @@ at::Tensor moe_capturable(int64_t layer, const at::Tensor& x, const at::Tensor& 
   return m.call(layer, x, topk_ids, topk_weights, num_tokens, weights);
 }
 
+at::Tensor moe_capturable_mxfp8_x(int64_t layer, const at::Tensor& x, const at::Tensor& x_scale,
+                                  const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                  const at::Tensor& num_tokens, at::TensorList weights) {
+  static const auto m = op("epmoe::moe_capturable_mxfp8_x")
+                            .typed<at::Tensor(int64_t, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                              const at::Tensor&, const at::Tensor&, at::TensorList)>();
+  return m.call(layer, x, x_scale, topk_ids, topk_weights, num_tokens, weights);
+}
+
 TORCH_LIBRARY_FRAGMENT(epmoe, m) {
   m.def("moe_capturable(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor num_tokens, "
         "Tensor[] weights) -> Tensor");
+  m.def("moe_capturable_mxfp8_x(int layer, Tensor x, Tensor x_scale, Tensor topk_ids, Tensor topk_weights, "
+        "Tensor num_tokens, Tensor[] weights) -> Tensor");
   m.def("check_capturable(int layer, Tensor on_device) -> ()", check_capturable_op);
 }
-TORCH_LIBRARY_IMPL(epmoe, CPU, m) { m.impl("moe_capturable", moe_capturable_impl); }
-TORCH_LIBRARY_IMPL(epmoe, CUDA, m) { m.impl("moe_capturable", moe_capturable_impl); }
-TORCH_LIBRARY_IMPL(epmoe, Meta, m) { m.impl("moe_capturable", moe_capturable_meta); }
-TORCH_LIBRARY_IMPL(epmoe, Autograd, m) { m.impl("moe_capturable", moe_capturable_autograd); }
+TORCH_LIBRARY_IMPL(epmoe, CPU, m) {
+  m.impl("moe_capturable", moe_capturable_impl);
+  m.impl("moe_capturable_mxfp8_x", moe_capturable_mxfp8_x_impl);
+}
+TORCH_LIBRARY_IMPL(epmoe, CUDA, m) {
+  m.impl("moe_capturable", moe_capturable_impl);
+  m.impl("moe_capturable_mxfp8_x", moe_capturable_mxfp8_x_impl);
+}
+TORCH_LIBRARY_IMPL(epmoe, Meta, m) {
+  m.impl("moe_capturable", moe_capturable_meta);
+  m.impl("moe_capturable_mxfp8_x", moe_capturable_mxfp8_x_meta);
+}
+TORCH_LIBRARY_IMPL(epmoe, Autograd, m) {
+  m.impl("moe_capturable", moe_capturable_autograd);
+  m.impl("moe_capturable_mxfp8_x", moe_capturable_mxfp8_x_autograd);
+}
 
 }  // namespace epmoe::torch_ext

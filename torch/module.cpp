@@ -103,6 +103,14 @@ at::Tensor MoeFp8Impl::forward_capturable(const at::Tensor& x, const at::Tensor&
   return moe_capturable(handle(), x, topk_ids, topk_weights, num_tokens, {w1, w1_scale, w2, w2_scale});
 }
 
+at::Tensor MoeFp8Impl::forward_capturable_mxfp8(const at::Tensor& x, const at::Tensor& x_scale,
+                                                const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                                const at::Tensor& num_tokens) {
+  ensure_layer();
+  return moe_capturable_mxfp8_x(handle(), x, x_scale, topk_ids, topk_weights, num_tokens,
+                                {w1, w1_scale, w2, w2_scale});
+}
+
 at::Tensor MoeFp8Impl::forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
                                      const at::Tensor& topk_weights) {
   ensure_layer();

@@ -47,11 +47,12 @@ __global__ void pack_rows_mx_kernel(const uint4* __restrict__ x, int hidden, con
 // scales, the padding zeroed.
 __global__ void pack_rows_mx_given_kernel(const uint4* __restrict__ xq, const uint32_t* __restrict__ xs, int hidden,
                                           const int32_t* __restrict__ send_token, int64_t rows,
-                                          uint8_t* __restrict__ send, int64_t row_bytes) {
+                                          const int64_t* __restrict__ device_rows, uint8_t* __restrict__ send,
+                                          int64_t row_bytes) {
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  if (row >= rows) return;
+  if (row >= rows || (device_rows != nullptr && row >= *device_rows)) return;
   const int lane = int(threadIdx.x % 32);
-  const int64_t t = send_token[row];
+  const int64_t t = send_token != nullptr ? int64_t(send_token[row]) : row;
   uint8_t* dst = send + row * row_bytes;
   const uint4* q = xq + t * (hidden / 16);
   for (int i = lane; i < hidden / 16; i += 32) reinterpret_cast<uint4*>(dst)[i] = __ldg(q + i);
@@ -63,7 +64,7 @@ __global__ void pack_rows_mx_given_kernel(const uint4* __restrict__ xq, const ui
 }  // namespace
 
 void pack_rows_mx_given_launch(const uint8_t* xq, const uint8_t* xs, int hidden, const int32_t* send_token,
-                               int64_t rows, uint8_t* send, cudaStream_t stream) {
+                               int64_t rows, uint8_t* send, cudaStream_t stream, const int64_t* device_rows) {
   if (rows <= 0) return;
   EPMOE_CHECK(hidden > 0 && hidden % 128 == 0, ErrorCode::internal, "pack_rows_mx_given: hidden ", hidden,
               " is not a multiple of 128");
@@ -71,8 +72,8 @@ void pack_rows_mx_given_launch(const uint8_t* xq, const uint8_t* xs, int hidden,
               ErrorCode::internal, "pack_rows_mx_given: xq must be 16-byte and xs 4-byte aligned");
   const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   pack_rows_mx_given_kernel<<<unsigned(blocks), kWarpsPerBlock * 32, 0, stream>>>(
-      reinterpret_cast<const uint4*>(xq), reinterpret_cast<const uint32_t*>(xs), hidden, send_token, rows, send,
-      mx::packed_row_bytes(hidden));
+      reinterpret_cast<const uint4*>(xq), reinterpret_cast<const uint32_t*>(xs), hidden, send_token, rows, device_rows,
+      send, mx::packed_row_bytes(hidden));
   EPMOE_CUDA_CHECK_LAUNCH("pack_rows_mx_given_kernel");
 }
 

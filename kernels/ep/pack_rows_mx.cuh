@@ -19,8 +19,9 @@ void pack_rows_mx_launch(const __nv_bfloat16* x, int hidden, const int32_t* send
 
 // The same packed rows from x already in the format (MoeLayer::forward_mxfp8): xq[T, hidden] E4M3 and
 // xs[T, hidden / 32] E8M0 copied as they are, send[r] = mx::pack_row of token send_token[r].
-// hidden % 128 == 0; xq 16-byte aligned, xs 4-byte aligned.
+// hidden % 128 == 0; xq 16-byte aligned, xs 4-byte aligned. send_token and device_rows as above
+// (the capturable forward_capturable_mxfp8: the identity, bounded by the device count).
 void pack_rows_mx_given_launch(const uint8_t* xq, const uint8_t* xs, int hidden, const int32_t* send_token,
-                               int64_t rows, uint8_t* send, cudaStream_t stream);
+                               int64_t rows, uint8_t* send, cudaStream_t stream, const int64_t* device_rows = nullptr);
 
 }  // namespace epmoe::kernels

@@ -131,11 +131,14 @@ class _LayerModule(torch.nn.Module):
         afterwards remakes the layer, so graphs captured before the move must not be replayed. A bad id makes its
         token's row NaN (the rank's rows between ranks), a num_tokens outside [0, N] every row; the
         first such failure raises from check_capturable()."""
+        self._ensure_capturable_layer()
+        return torch.ops.epmoe.moe_capturable(self._layer, x, topk_ids, topk_weights, num_tokens, self._weights())
+
+    def _ensure_capturable_layer(self):
         if self._layer is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("epmoe: forward_capturable's first call makes the layer (allocates, collective): "
                                "call it once before capturing")
         self._ensure_layer()
-        return torch.ops.epmoe.moe_capturable(self._layer, x, topk_ids, topk_weights, num_tokens, self._weights())
 
     def check_capturable(self):
         """Waits for the current stream and raises the first bad id or count that the capturable forwards
@@ -210,7 +213,8 @@ class MoEFp8(_LayerModule):
     raises; run it under torch.no_grad(). forward(x, ids, wts, x_scale=...) takes x already in MXFP8
     (uint8 E4M3 [T, hidden] with its E8M0 scales [T, hidden / 32]; an "mxfp8" module only). The layer
     is made on the first forward on the buffers' device, and again after they move. max_tokens > 0
-    (CUDA): forward_capturable up to that many rows per rank (x quantized on the device)."""
+    (CUDA): forward_capturable up to that many rows per rank (x quantized on the device, or given in
+    MXFP8 with x_scale=..., as forward's)."""
 
     def __init__(self, num_experts, top_k, hidden, ffn, comm, w1, w1_scale, w2, w2_scale, torch_allocator=True,
                  max_tokens=0):
@@ -256,3 +260,13 @@ class MoEFp8(_LayerModule):
                                            self.w2_scale)
         return torch.ops.epmoe.moe_mxfp8_x(self._layer, x, x_scale, topk_ids, topk_weights, self.w1, self.w1_scale,
                                            self.w2, self.w2_scale)
+
+    def forward_capturable(self, x, topk_ids, topk_weights, num_tokens, x_scale=None):
+        """_LayerModule.forward_capturable; with x_scale, x is given in MXFP8 (uint8 E4M3 [N, hidden], its
+        E8M0 scales [N, hidden / 32]; an "mxfp8" module only) and its first num_tokens rows are
+        dispatched as they are: the same y as for the bf16 x they stand for."""
+        if x_scale is None:
+            return super().forward_capturable(x, topk_ids, topk_weights, num_tokens)
+        self._ensure_capturable_layer()
+        return torch.ops.epmoe.moe_capturable_mxfp8_x(self._layer, x, x_scale, topk_ids, topk_weights, num_tokens,
+                                                      self._weights())

@@ -206,6 +206,13 @@ class MoeLayer {
   // must not be under capture (warm up once, as before any capture).
   void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                           const TensorView& y, const int64_t* num_tokens, void* stream = nullptr, bool save = false);
+  // The capturable forward of an MXFP8 layer on x given in the format (as forward_mxfp8): x
+  // e4m3[N, hidden] (16-byte aligned) with its scales e8m0[N, hidden / 32] (4-byte aligned); its
+  // first num_tokens rows are dispatched as they are. The same y as forward_capturable on the bf16 x
+  // they stand for. A bf16 or block-128 layer throws Error(unsupported).
+  void forward_capturable_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& topk_ids,
+                                const TensorView& topk_weights, const TensorView& y, const int64_t* num_tokens,
+                                void* stream = nullptr);
   // The gradients of the last forward_capturable(..., save = true), as capturable work like it (no
   // host sync, nothing read on the host): x and topk_ids are that forward's (the same buffers,
   // unchanged), num_tokens the same device count; dy, dx bf16[N, hidden], d_topk_weights f32[N, k]

@@ -6,8 +6,10 @@
 // against the format's exact fp64 reference (tests/fp8_model.h), for uniform, skewed and dropped
 // routing; rows past T must come back exactly 0 and routing rows past T (bad ids) must be ignored.
 // A bad id: its token's row NaN (local) or the rank's rows (slots), check_capturable throwing it; a
-// num_tokens outside [0, N]: every row NaN.
-// Refused: a saving forward, the capturable backward, deterministic. Then world 2 on device mock
+// num_tokens outside [0, N]: every row NaN. x given in MXFP8 (forward_capturable_mxfp8): bitwise the
+// quantizing graph's y, its rows past T (NaN bytes) never read.
+// Refused: a saving forward, the capturable backward, deterministic, x given in MXFP8 to a block-128
+// layer or misaligned. Then world 2 on device mock
 // ranks (threads on one GPU): the slots carry packed FP8 rows between ranks with different T.
 // Skips without an sm_90a device.
 //
@@ -26,6 +28,7 @@
 #include "comm/mock_comm.h"
 #include "epmoe/error.h"
 #include "epmoe/moe_layer.h"
+#include "epmoe/mxfp8.h"
 #include "fp8_model.h"
 #include "kernels/sm90/experts.cuh"
 #include "test_support.h"
@@ -98,6 +101,7 @@ struct CapLayer {
   Dev<float> wts{size_t(kN) * kK};
   Dev<bf16> y{size_t(kN) * kHidden};
   Dev<int64_t> num_tokens{1};
+  Dev<uint8_t> xq{size_t(kN) * kHidden}, xs{size_t(kN) * kHidden / 32};  // x given in MXFP8
   cudaStream_t stream = nullptr;
   std::unique_ptr<MoeLayer> layer;
   cudaGraph_t graph = nullptr;
@@ -123,9 +127,17 @@ struct CapLayer {
                               dview(wts.get(), DType::f32, {kN, kK}), dview(y.get(), DType::bf16, {kN, kHidden}),
                               num_tokens.get(), stream, save);
   }
-  void capture() {
+  // forward_capturable_mxfp8 on xq / xs (byte offset `misalign` into xs: the refusal test's).
+  void forward_given(size_t misalign = 0) {
+    layer->forward_capturable_mxfp8(dview(xq.get(), DType::e4m3, {kN, kHidden}),
+                                    dview(xs.get() + misalign, DType::e8m0, {kN, kHidden / 32}),
+                                    dview(ids.get(), DType::i32, {kN, kK}), dview(wts.get(), DType::f32, {kN, kK}),
+                                    dview(y.get(), DType::bf16, {kN, kHidden}), num_tokens.get(), stream);
+  }
+  void capture(bool given = false) {
     ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "begin capture");
-    forward();
+    if (given) forward_given();
+    else forward();
     ck(cudaStreamEndCapture(stream, &graph), "end capture");
     ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
   }
@@ -198,6 +210,46 @@ void graph_replays(Fp8Layout layout) {
 
 TEST_F(CapturableFp8Gpu, MxGraphReplaysAtEveryTokenCount) { graph_replays(Fp8Layout::mxfp8); }
 TEST_F(CapturableFp8Gpu, BlockGraphReplaysAtEveryTokenCount) { graph_replays(Fp8Layout::block128); }
+
+// x given in MXFP8: one layer captured twice (bf16 x quantized on the device; x as E4M3 + E8M0
+// rows), both graphs replayed on each input. The host quantizer's rows of x (bit-exact with the
+// device's, mx::quantize_rows) must give bitwise the same y; xq / xs rows past T hold 0xFF (NaN in
+// both formats) and must not be read.
+TEST_F(CapturableFp8Gpu, GivenMxfp8XMatchesTheQuantizingGraphBitwise) {
+  const DeviceFp8Model m(Fp8Layout::mxfp8, 2030);
+  int replays = 0, same = 0;
+  for (CapturableTransport t : kTransports)
+    for (const char* plan : {"", "fused=on", "swap=off"}) {
+      SCOPED_TRACE(std::string(transport_name(t)) + " '" + plan + "'");
+      CapLayer quantizing(m, t, plan);
+      quantizing.capture();
+      CapLayer given(m, t, plan);  // (its own layer: a graph per layer, as in graph_replays)
+      given.capture(/*given=*/true);
+      for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::with_drops})
+        for (int64_t T : {int64_t(0), int64_t(1), int64_t(5), int64_t(33), kN}) {
+          SCOPED_TRACE(std::string(routing_name(kind)) + " T=" + std::to_string(T));
+          const std::vector<bf16> hx = make_x(mix(61, T, int(kind)), 0, T, kHidden);
+          const Routing R = make_routing(T, kE, kK, kind, mix(67, T, int(kind)), 0, 1);
+          std::vector<uint8_t> q(size_t(kN) * kHidden, 0xFF), s(size_t(kN) * kHidden / 32, 0xFF);
+          mx::quantize_rows(hx.data(), T, kHidden, q.data(), s.data());
+          quantizing.upload(T, hx, R);
+          given.upload(T, hx, R);
+          ck(cudaMemcpy(given.xq.get(), q.data(), q.size(), cudaMemcpyHostToDevice), "xq");
+          ck(cudaMemcpy(given.xs.get(), s.data(), s.size(), cudaMemcpyHostToDevice), "xs");
+          const std::vector<bf16> ya = quantizing.replay(), yb = given.replay();
+          const bool bitwise = std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(bf16)) == 0;
+          EXPECT_TRUE(bitwise) << "y differs from the quantizing graph's";
+          EXPECT_TRUE(rows_zero(yb, T));
+          EXPECT_NO_THROW(given.layer->check_capturable(given.stream));
+          ++replays;
+          same += bitwise;
+        }
+    }
+  matrix_row("FP8 capturable forward, x given in MXFP8: 6 graphs (local / slots x forms) at T 0.." +
+                 std::to_string(kN) + ", 2 routings (1 GPU)",
+             "y bitwise the quantizing graph's on the same x; rows past T (NaN bytes) not read",
+             std::to_string(same) + " of " + std::to_string(replays) + " replays bitwise equal");
+}
 
 // A bad id: local, its token's row NaN and the others right; slots, every row of the rank NaN (its
 // layout fails whole). check_capturable throws it once. A bad num_tokens: every row NaN.
@@ -282,6 +334,17 @@ TEST_F(CapturableFp8Gpu, RefusesWhatAnFp8LayerDoesNotRun) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::unsupported) << e.what();
       EXPECT_NE(std::string(e.what()).find("forward-only"), std::string::npos) << e.what();
+    }
+    // x given in MXFP8: a block-128 layer refuses it; an MXFP8 one refuses misaligned scales.
+    try {
+      f.forward_given(layout == Fp8Layout::mxfp8 ? 1 : 0);
+      ADD_FAILURE() << "forward_capturable_mxfp8 was taken";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), layout == Fp8Layout::mxfp8 ? ErrorCode::invalid_argument : ErrorCode::unsupported)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(layout == Fp8Layout::mxfp8 ? "aligned" : "needs an MXFP8 layer"),
+                std::string::npos)
+          << e.what();
     }
     // The layer still runs after the refusals.
     f.forward();

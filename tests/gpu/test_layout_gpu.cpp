@@ -440,24 +440,33 @@ TEST(PackAndReduceGpu, PackRowsFp8BlockMatchesTheHostQuantizer) {
 
 // The capturable forward's quantization of x: no token list (row r from x[r]) and a device count
 // (read when the kernel runs): rows below min(rows, count) are the host quantizer's bytes, the rest
-// keep their poison (never written), for both formats and counts 0, 1, 37, rows and past rows.
+// keep their poison (never written), for both formats, x given in MXFP8 (the copy of
+// forward_capturable_mxfp8), and counts 0, 1, 37, rows and past rows.
 TEST(PackAndReduceGpu, PackRowsByDeviceCountWritesOnlyThoseRows) {
   REQUIRE_CUDA();
   const int H = 384;
   const int64_t rows = 40;
   const std::vector<bf16> x = random_bf16(size_t(rows) * H, 83, 1.0f);
   Dev<bf16> d_x(x);
-  for (bool block : {false, true})
+  std::vector<uint8_t> hq(size_t(rows) * H), hs(size_t(rows) * H / 32);
+  mx::quantize_rows(x.data(), rows, H, hq.data(), hs.data());
+  Dev<uint8_t> d_q(hq), d_s(hs);
+  for (int form = 0; form < 3; ++form)  // MXFP8 quantized, block-128 quantized, MXFP8 given
     for (int64_t count : {int64_t(0), int64_t(1), int64_t(37), rows, rows + 5}) {
-      SCOPED_TRACE(std::string(block ? "block-128" : "MXFP8") + " count " + std::to_string(count));
+      const bool block = form == 1;
+      SCOPED_TRACE(std::string(form == 0 ? "MXFP8" : form == 1 ? "block-128" : "MXFP8 given") + " count " +
+                   std::to_string(count));
       const int64_t bytes = block ? fp8b::packed_row_bytes(H) : mx::packed_row_bytes(H);
       Dev<uint8_t> d_send(size_t(rows * bytes), 0x5a);
       Dev<int64_t> d_count(std::vector<int64_t>{count});
       const auto* xb = reinterpret_cast<const __nv_bfloat16*>(d_x.get());
-      if (block)
+      if (form == 1)
         kernels::pack_rows_fp8b_launch(xb, H, nullptr, rows, d_send.get(), nullptr, d_count.get());
-      else
+      else if (form == 0)
         kernels::pack_rows_mx_launch(xb, H, nullptr, rows, d_send.get(), nullptr, d_count.get());
+      else
+        kernels::pack_rows_mx_given_launch(d_q.get(), d_s.get(), H, nullptr, rows, d_send.get(), nullptr,
+                                           d_count.get());
       ck(cudaDeviceSynchronize(), "sync");
       const std::vector<uint8_t> got = d_send.host();
       const int64_t written = std::min(rows, count);

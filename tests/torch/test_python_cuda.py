@@ -280,6 +280,9 @@ class CudaWorld1(unittest.TestCase):
                 mod.forward_capturable(x, ids32, wts, num)  # makes the layer
             opcheck(ops.moe_capturable.default, (mod._layer, x, ids32, wts, num, list(mod._weights())),
                     test_utils=infer)
+        xq, xs = epmoe.quantize_mxfp8(x)  # (the MXFP8 module is the layer made last)
+        opcheck(ops.moe_capturable_mxfp8_x.default, (mod._layer, xq, xs, ids32, wts, num, list(mod._weights())),
+                test_utils=infer)
         # Reported, not counted: AOT tracing of moe *with* gradients. The saved forward travels to the
         # backward as a host integer handle (the Meta kernel's is 0), which tracing bakes into the
         # backward graph; the compiled backward then looks up a context that does not exist.
@@ -395,6 +398,60 @@ class CudaWorld1(unittest.TestCase):
             with self.assertRaisesRegex(RuntimeError, "expert id"):
                 mod.check_capturable()
             mod.check_capturable()  # (cleared once raised)
+
+    def test_capturable_given_mxfp8_x(self):
+        """An MXFP8 module's forward_capturable with x given in MXFP8 (x_scale=...) under torch.cuda.graph,
+        beside its bf16-x graph: at T = 0, 1, 5, N the given graph's y equals the quantizing graph's bit for
+        bit (epmoe.quantize_mxfp8 is the host quantizer the device one matches bit for bit); x rows past T
+        hold 0xFF bytes (NaN in E4M3 and E8M0) that must not be read."""
+        N, E, k, H, Fd = 24, 8, 2, 256, 256
+        w1, w2, _ = make_case(1, E, k, H, Fd, 1, 4820)
+        moe = epmoe.MoE(E, k, H, Fd, self.comm, max_tokens=N).cuda()
+        with torch.no_grad():
+            moe.w1.copy_(w1)
+            moe.w2.copy_(w2)
+        fp8 = epmoe.MoEFp8.from_module(moe, "mxfp8")
+        x = torch.zeros(N, H, dtype=torch.bfloat16, device="cuda")
+        xq = torch.zeros(N, H, dtype=torch.uint8, device="cuda")
+        xs = torch.zeros(N, H // 32, dtype=torch.uint8, device="cuda")
+        ids = torch.zeros(N, k, dtype=torch.int32, device="cuda")
+        wts = torch.zeros(N, k, device="cuda")
+        T = torch.zeros(1, dtype=torch.long, device="cuda")
+        graphs = []
+        with torch.no_grad():
+            for given in (False, True):
+                args = (xq, ids, wts, T) if given else (x, ids, wts, T)
+                kw = {"x_scale": xs} if given else {}
+                fp8.forward_capturable(*args, **kw)  # warm-up (the first makes the layer)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    y = fp8.forward_capturable(*args, **kw)
+                graphs.append((g, y))
+        for t in (0, 1, 5, N):
+            _, _, ranks = make_case(1, E, k, H, Fd, max(t, 1), 4920 + t)
+            xt, idt, wtt, _ = (r[:t] for r in ranks[0])
+            x.zero_()
+            xq.fill_(0xFF)
+            xs.fill_(0xFF)
+            ids.fill_(E + 100)
+            wts.fill_(1.0)
+            x[:t].copy_(xt)
+            if t > 0:
+                qt, st = epmoe.quantize_mxfp8(xt)
+                xq[:t].copy_(qt.view(torch.uint8))
+                xs[:t].copy_(st.view(torch.uint8))
+            ids[:t].copy_(idt)
+            wts[:t].copy_(wtt)
+            T.fill_(t)
+            got = []
+            for g, y in graphs:
+                g.replay()
+                torch.cuda.synchronize()
+                got.append(y.detach().cpu())
+            fp8.check_capturable()
+            self.assertTrue(torch.equal(got[0], got[1]), f"T={t}: the given-x graph's y differs from the bf16-x graph's")
+            self.assertTrue((got[1][t:] == 0).all(), f"T={t}: rows past T must be 0")
 
 
 def main():

@@ -250,6 +250,25 @@ class Fp8MockRanks(unittest.TestCase):
         with torch.no_grad(), self.assertRaisesRegex(RuntimeError, "needs an MXFP8 layer"):
             b128(xq, ids, wts, x_scale=xs)
 
+    def test_capturable_given_x_refusals(self):
+        """moe_capturable_mxfp8_x (x given in MXFP8, decode under a CUDA graph) with a clear error on what
+        it cannot run: casts it will not make, a CPU layer, a call autograd would record; and its Meta
+        kernel's shape (bf16 y from E4M3 x). (The graph replays themselves: test_python_cuda.)"""
+        moe = epmoe.MoE(4, 2, 128, 128, epmoe.mock_world(1)[0])
+        fp8 = epmoe.MoEFp8.from_module(moe, "mxfp8")
+        xq, xs = epmoe.quantize_mxfp8(torch.randn(4, 128).bfloat16())
+        ids, wts, T = torch.zeros(4, 2, dtype=torch.int32), torch.zeros(4, 2), torch.tensor([4])
+        with torch.no_grad():
+            with self.assertRaisesRegex(RuntimeError, "int32"):
+                fp8.forward_capturable(xq, ids.long(), wts, T, x_scale=xs)
+            with self.assertRaisesRegex(RuntimeError, "needs the GPU engine"):
+                fp8.forward_capturable(xq, ids, wts, T, x_scale=xs)
+        with self.assertRaisesRegex(RuntimeError, "forward-only"):
+            fp8.forward_capturable(xq, ids, wts.clone().requires_grad_(), T, x_scale=xs)
+        meta = [t.to("meta") for t in (xq, xs, ids, wts, T)]
+        y = torch.ops.epmoe.moe_capturable_mxfp8_x(fp8._layer, *meta, [t.to("meta") for t in fp8._weights()])
+        self.assertEqual((y.device.type, y.dtype, tuple(y.shape)), ("meta", torch.bfloat16, (4, 128)))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -3,7 +3,8 @@
 // module on CPU, world 1 (a mock rank), with the same weights and inputs: y and the gradients of x,
 // topk_weights, w1 and w2 after y.backward(dy); and the CUDA gradients against the fp64 reference
 // (tests/backward_case.h). Skips without a GPU. Built where the torch build has CUDA. Then the
-// modules' capturable forward (bf16 Moe and its MXFP8 copy, max_tokens_per_rank N) captured in an
+// modules' capturable forward (bf16 Moe and its MXFP8 copy, the latter also on x given in MXFP8:
+// forward_capturable_mxfp8; max_tokens_per_rank N) captured in an
 // at::cuda::CUDAGraph and replayed at T = 0, 1, 7, N against the same module's regular forward on the
 // T tokens (the same tolerance: both are the GPU path, in kernel forms the plan picks for the capacity
 // and for T), rows past T exactly 0.
@@ -146,13 +147,17 @@ TEST(TorchCudaGraph, CapturedModulesReplayAtEveryTokenCount) {
   torch_ext::MoeFp8 fp8(*moe, torch_ext::Fp8Format::mxfp8);
   fp8->to(dev);
   const auto bf = at::TensorOptions().device(dev);
-  for (int which = 0; which < 2; ++which) {
-    SCOPED_TRACE(which ? "MXFP8 module" : "bf16 module");
-    auto run = [&](const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, const at::Tensor& T) {
-      return which ? fp8->forward_capturable(x, ids, wts, T) : moe->forward_capturable(x, ids, wts, T);
-    };
+  const char* names[3] = {"bf16 module", "MXFP8 module", "MXFP8 module, x given in MXFP8"};
+  for (int which = 0; which < 3; ++which) {
+    SCOPED_TRACE(names[which]);
     at::Tensor x = at::zeros({N, H}, bf.dtype(at::kBFloat16)), ids = at::zeros({N, k}, bf.dtype(at::kInt)),
                wts = at::zeros({N, k}, bf.dtype(at::kFloat)), T = at::zeros({1}, bf.dtype(at::kLong));
+    // which == 2: x's MXFP8 bytes (torch_ext::quantize_mxfp8, outside the graph) in static buffers
+    at::Tensor xq = at::zeros({N, H}, bf.dtype(at::kByte)), xsc = at::zeros({N, H / 32}, bf.dtype(at::kByte));
+    auto run = [&](const at::Tensor& x, const at::Tensor& ids, const at::Tensor& wts, const at::Tensor& T) {
+      if (which == 2) return fp8->forward_capturable_mxfp8(xq, xsc, ids, wts, T);
+      return which ? fp8->forward_capturable(x, ids, wts, T) : moe->forward_capturable(x, ids, wts, T);
+    };
     run(x, ids, wts, T);  // warm-up: makes the layer
     torch::cuda::synchronize();
     at::cuda::CUDAGraph graph;
@@ -175,6 +180,11 @@ TEST(TorchCudaGraph, CapturedModulesReplayAtEveryTokenCount) {
         std::memcpy(hw.data_ptr(), R.weights.data(), R.weights.size() * 4);
         ids.narrow(0, 0, t).copy_(hi);
         wts.narrow(0, 0, t).copy_(hw);
+      }
+      if (which == 2) {
+        const auto [q, s] = torch_ext::quantize_mxfp8(x);
+        xq.copy_(q);
+        xsc.copy_(s);
       }
       T.fill_(t);
       graph.replay();

@@ -189,6 +189,14 @@ TEST(TorchFp8, RefusalsAreClear) {
   const auto [xq, xs] = torch_ext::quantize_mxfp8(x);
   EXPECT_NE(message_of([&] { (void)b128->forward_mxfp8(xq, xs, id2, wts); }).find("needs an MXFP8 layer"),
             std::string::npos);
+  // The capturable forward on x given in MXFP8: the int32 routing it wants (no casts), then the
+  // engine it needs (a CPU layer has none).
+  const at::Tensor T = at::full({1}, 6, at::kLong);
+  EXPECT_NE(message_of([&] { (void)fp8->forward_capturable_mxfp8(xq, xs, id2, wts, T); }).find("int32"),
+            std::string::npos);
+  EXPECT_NE(message_of([&] { (void)fp8->forward_capturable_mxfp8(xq, xs, id2.to(at::kInt), wts, T); })
+                .find("needs the GPU engine"),
+            std::string::npos);
   // And the MXFP8 module still answers after all that.
   EXPECT_TRUE(fp8->forward(x, id2, wts).to(at::kFloat).isfinite().all().item<bool>());
 }
@@ -209,6 +217,11 @@ TEST(TorchFp8, MetaKernelsGiveShapes) {
       torch_ext::moe_mxfp8_x(12345, meta({5, 128}, at::kByte), meta({5, 4}, at::kByte), ids, w, w1, s1, w2, s2);
   EXPECT_EQ(y8.sizes(), (std::vector<int64_t>{5, 128}));
   EXPECT_EQ(y8.scalar_type(), at::kBFloat16);
+  const at::Tensor yc = torch_ext::moe_capturable_mxfp8_x(12345, meta({5, 128}, at::kByte), meta({5, 4}, at::kByte),
+                                                          ids, w, meta({1}, at::kLong), {w1, s1, w2, s2});
+  EXPECT_TRUE(yc.is_meta());
+  EXPECT_EQ(yc.sizes(), (std::vector<int64_t>{5, 128}));
+  EXPECT_EQ(yc.scalar_type(), at::kBFloat16);
 }
 
 }  // namespace

@@ -25,6 +25,8 @@
 // and, for decode under a CUDA graph (a layer made with max_tokens_per_rank > 0; forward-only):
 //   moe_capturable(int layer, Tensor x, Tensor topk_ids, Tensor topk_weights, Tensor num_tokens,
 //       Tensor[] weights) -> Tensor   x [N, hidden], num_tokens a device int64 read at replay
+//   moe_capturable_mxfp8_x(int layer, Tensor x, Tensor x_scale, Tensor topk_ids, Tensor topk_weights,
+//       Tensor num_tokens, Tensor[] weights) -> Tensor   an MXFP8 layer's, x given in MXFP8
 //   check_capturable(int layer, Tensor on_device) -> ()   raises a bad id / count a replay met
 // with CPU kernels (and CUDA ones where the torch build has CUDA) over the torch-free core, and Meta
 // kernels (shapes only). `layer` is a handle from register_layer: a plain integer, the same in
@@ -84,6 +86,9 @@ at::Tensor moe(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids, c
 // weights {w1, w2} or {w1, w1_scale, w2, w2_scale}; y's rows past num_tokens are 0. Forward-only.
 at::Tensor moe_capturable(int64_t layer, const at::Tensor& x, const at::Tensor& topk_ids,
                           const at::Tensor& topk_weights, const at::Tensor& num_tokens, at::TensorList weights);
+at::Tensor moe_capturable_mxfp8_x(int64_t layer, const at::Tensor& x, const at::Tensor& x_scale,
+                                  const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                                  const at::Tensor& num_tokens, at::TensorList weights);
 
 // What the modules below share: the config, communicator and options, and the MoeLayer behind their
 // ops, which follows the module's weights' device (built there on the first call and again after a
@@ -147,9 +152,12 @@ class MoeFp8Impl : public LayerModule {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights);
   at::Tensor forward_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
                            const at::Tensor& topk_weights);
-  // As Moe's (options.max_tokens_per_rank > 0; x bf16, quantized on the device).
+  // As Moe's (options.max_tokens_per_rank > 0; x bf16, quantized on the device), and with x given
+  // in MXFP8 as forward_mxfp8's (an MXFP8 module only).
   at::Tensor forward_capturable(const at::Tensor& x, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                                 const at::Tensor& num_tokens);
+  at::Tensor forward_capturable_mxfp8(const at::Tensor& x, const at::Tensor& x_scale, const at::Tensor& topk_ids,
+                                      const at::Tensor& topk_weights, const at::Tensor& num_tokens);
   Fp8Format format() const { return w1_scale.scalar_type() == at::kFloat ? Fp8Format::block128 : Fp8Format::mxfp8; }
 
   at::Tensor w1, w1_scale, w2, w2_scale;
