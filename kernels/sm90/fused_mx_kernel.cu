@@ -194,28 +194,20 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
       tma_prefetch_desc(&tm_w1);
       tma_prefetch_desc(&tm_w2);
     }
-    RingCursor<kMxSwapStages> cur;
-    for (int64_t w = first; w < items; w += stride) {
-      const SwapItem it = swap_item(a, w, tiles, half_items);
-      if (it.rows == 0) continue;
-      for (int kt = 0; kt < num_k + num_d; ++kt, cur.advance()) {
-        const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kMxSwapStageBytes;
-        ring.wait_empty(cur);
-        if (lane == 0) {
-          if (kt < num_k) {
-            mbar_arrive_expect_tx(full, kMxSwapATileBytes);
-            tma_load_4d(dst, &tm_w1, full, kt * kMxBK, 0, 2 * it.e, 4 * it.j);
-          } else {
-            const int r0 = kFusedMxDownRows * (kt - num_k);
-            const bool two = r0 + kFusedMxBoxRows < a.hidden;  // (a box past hidden would be all zeros)
-            mbar_arrive_expect_tx(full, two ? 2 * kFusedMxBoxBytes : kFusedMxBoxBytes);
-            tma_load_3d(dst, &tm_w2, full, mx::kBlock * it.j, r0, it.e);
-            if (two) tma_load_3d(dst + kFusedMxBoxBytes, &tm_w2, full, mx::kBlock * it.j, r0 + kFusedMxBoxRows, it.e);
-          }
-        }
-        __syncwarp();
-      }
-    }
+    swap_weight_warp(a, tiles, half_items, items, ring, ring_base, kMxSwapStageBytes, num_k + num_d, lane,
+                     [&](uint32_t dst, uint32_t full, int kt, const SwapItem& it) {
+                       if (kt < num_k) {
+                         mbar_arrive_expect_tx(full, kMxSwapATileBytes);
+                         tma_load_4d(dst, &tm_w1, full, kt * kMxBK, 0, 2 * it.e, 4 * it.j);
+                       } else {
+                         const int r0 = kFusedMxDownRows * (kt - num_k);
+                         const bool two = r0 + kFusedMxBoxRows < a.hidden;  // (a box past hidden: all zeros)
+                         mbar_arrive_expect_tx(full, two ? 2 * kFusedMxBoxBytes : kFusedMxBoxBytes);
+                         tma_load_3d(dst, &tm_w2, full, mx::kBlock * it.j, r0, it.e);
+                         if (two)
+                           tma_load_3d(dst + kFusedMxBoxBytes, &tm_w2, full, mx::kBlock * it.j, r0 + kFusedMxBoxRows, it.e);
+                       }
+                     });
   }
 #else
   (void)a;

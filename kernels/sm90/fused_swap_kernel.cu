@@ -166,25 +166,16 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
       tma_prefetch_desc(&tm_w1);
       tma_prefetch_desc(&tm_w2);
     }
-    RingCursor<kSwapStages> cur;
-    for (int64_t w = first; w < items; w += stride) {
-      const SwapItem it = swap_item(a, w, tiles, half_items);
-      if (it.rows == 0) continue;
-      for (int kt = 0; kt < num_k + num_d; ++kt, cur.advance()) {
-        const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kSwapStageBytes;
-        ring.wait_empty(cur);
-        if (lane == 0) {
-          if (kt < num_k) {
-            mbar_arrive_expect_tx(full, kSwapATileBytes);
-            tma_load_5d(dst, &tm_w1, full, kt * kBK, 0, 0, 4 * it.j, it.e);
-          } else {
-            mbar_arrive_expect_tx(full, kFusedDownBoxBytes);
-            tma_load_3d(dst, &tm_w2, full, 32 * it.j, kFusedDownRows * (kt - num_k), it.e);
-          }
-        }
-        __syncwarp();
-      }
-    }
+    swap_weight_warp(a, tiles, half_items, items, ring, ring_base, kSwapStageBytes, num_k + num_d, lane,
+                     [&](uint32_t dst, uint32_t full, int kt, const SwapItem& it) {
+                       if (kt < num_k) {
+                         mbar_arrive_expect_tx(full, kSwapATileBytes);
+                         tma_load_5d(dst, &tm_w1, full, kt * kBK, 0, 0, 4 * it.j, it.e);
+                       } else {
+                         mbar_arrive_expect_tx(full, kFusedDownBoxBytes);
+                         tma_load_3d(dst, &tm_w2, full, 32 * it.j, kFusedDownRows * (kt - num_k), it.e);
+                       }
+                     });
   }
 #else
   (void)a;

@@ -77,6 +77,26 @@ __device__ __forceinline__ void with_swap_n(int rows, F&& f) {
   }
 }
 
+// The weight warp of the persistent swap-AB grids (split and fused, bf16 and MX): for each of this
+// CTA's items with real rows, `stages` ring stages, each loaded by lane 0 with load(dst, full, kt, it)
+// (its expect_tx and TMA boxes) once the consumers have released it.
+template <int S, class Args, class Load>
+__device__ __forceinline__ void swap_weight_warp(const Args& a, int64_t tiles, int64_t half_items, int64_t items,
+                                                 const Ring<S>& ring, uint32_t ring_base, uint32_t stage_bytes,
+                                                 int stages, int lane, Load&& load) {
+  RingCursor<S> cur;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const SwapItem it = swap_item(a, w, tiles, half_items);
+    if (it.rows == 0) continue;
+    for (int kt = 0; kt < stages; ++kt, cur.advance()) {
+      const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * stage_bytes;
+      ring.wait_empty(cur);
+      if (lane == 0) load(dst, full, kt, it);
+      __syncwarp();
+    }
+  }
+}
+
 __device__ __forceinline__ void st_shared_bf16(uint32_t addr, float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   asm volatile("st.shared.b16 [%0], %1;" ::"r"(addr), "h"(*reinterpret_cast<const unsigned short*>(&b)) : "memory");

@@ -105,21 +105,12 @@ __global__ void __launch_bounds__(kSwapThreads, 1)
   } else {
     // ---- weights: one 64-row box per stage ----
     if (lane == 0) tma_prefetch_desc(&tm_w);
-    RingCursor<kMxSwapStages> cur;
-    for (int64_t w = first; w < items; w += stride) {
-      const SwapItem it = swap_item(a, w, tiles, half_items);
-      if (it.rows == 0) continue;
-      for (int kt = 0; kt < num_k; ++kt, cur.advance()) {
-        const uint32_t s = cur.stage(), full = ring.full(s), dst = ring_base + s * kMxSwapStageBytes;
-        ring.wait_empty(cur);
-        if (lane == 0) {
-          mbar_arrive_expect_tx(full, kMxSwapATileBytes);
-          if constexpr (kUp) tma_load_4d(dst, &tm_w, full, kt * kMxBK, 0, 2 * it.e, 4 * it.j);
-          else tma_load_3d(dst, &tm_w, full, kt * kMxBK, kSwapWeightRows * it.j, it.e);
-        }
-        __syncwarp();
-      }
-    }
+    swap_weight_warp(a, tiles, half_items, items, ring, ring_base, kMxSwapStageBytes, num_k, lane,
+                     [&](uint32_t dst, uint32_t full, int kt, const SwapItem& it) {
+                       mbar_arrive_expect_tx(full, kMxSwapATileBytes);
+                       if constexpr (kUp) tma_load_4d(dst, &tm_w, full, kt * kMxBK, 0, 2 * it.e, 4 * it.j);
+                       else tma_load_3d(dst, &tm_w, full, kt * kMxBK, kSwapWeightRows * it.j, it.e);
+                     });
   }
 #else
   (void)a;
