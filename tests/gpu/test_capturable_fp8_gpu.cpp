@@ -211,13 +211,16 @@ void graph_replays(Fp8Layout layout) {
 TEST_F(CapturableFp8Gpu, MxGraphReplaysAtEveryTokenCount) { graph_replays(Fp8Layout::mxfp8); }
 TEST_F(CapturableFp8Gpu, BlockGraphReplaysAtEveryTokenCount) { graph_replays(Fp8Layout::block128); }
 
-// x given in MXFP8: one layer captured twice (bf16 x quantized on the device; x as E4M3 + E8M0
-// rows), both graphs replayed on each input. The host quantizer's rows of x (bit-exact with the
-// device's, mx::quantize_rows) must give bitwise the same y; xq / xs rows past T hold 0xFF (NaN in
-// both formats) and must not be read.
-TEST_F(CapturableFp8Gpu, GivenMxfp8XMatchesTheQuantizingGraphBitwise) {
+// x given in MXFP8: two layers of the same weights and form, one graph on bf16 x (quantized on the
+// device), one on x as E4M3 + E8M0 rows (the host quantizer's, mx::quantize_rows, bit-exact with
+// the device's), replayed on each input; xq / xs rows past T hold 0xFF (NaN in both formats) and
+// must not be read. Both graphs then feed UP the same bytes, so y differs only by the order of the
+// DOWN's bf16 atomic adds of a token's k = 4 expert rows: k - 1 roundings of 2^-9 of a partial sum,
+// bounded here by 2^-5 of the row's largest |y| (partials can exceed the sum where terms cancel); a
+// wrong or NaN-read row is off by O(1). Also each y within kMxGpuTolerance of the format's reference.
+TEST_F(CapturableFp8Gpu, GivenMxfp8XMatchesTheQuantizingGraph) {
   const DeviceFp8Model m(Fp8Layout::mxfp8, 2030);
-  int replays = 0, same = 0;
+  int replays = 0, same = 0, bitwise_same = 0;
   for (CapturableTransport t : kTransports)
     for (const char* plan : {"", "fused=on", "swap=off"}) {
       SCOPED_TRACE(std::string(transport_name(t)) + " '" + plan + "'");
@@ -237,18 +240,30 @@ TEST_F(CapturableFp8Gpu, GivenMxfp8XMatchesTheQuantizingGraphBitwise) {
           ck(cudaMemcpy(given.xq.get(), q.data(), q.size(), cudaMemcpyHostToDevice), "xq");
           ck(cudaMemcpy(given.xs.get(), s.data(), s.size(), cudaMemcpyHostToDevice), "xs");
           const std::vector<bf16> ya = quantizing.replay(), yb = given.replay();
-          const bool bitwise = std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(bf16)) == 0;
-          EXPECT_TRUE(bitwise) << "y differs from the quantizing graph's";
+          int64_t off = 0;
+          for (int64_t r = 0; r < T; ++r) {
+            const bf16* a = &ya[size_t(r) * kHidden];
+            const bf16* b = &yb[size_t(r) * kHidden];
+            float row_max = 0.f;
+            for (int c = 0; c < kHidden; ++c) row_max = std::max(row_max, std::fabs(a[c].f()));
+            for (int c = 0; c < kHidden; ++c) off += !(std::fabs(a[c].f() - b[c].f()) <= row_max / 32);  // (NaN: off)
+          }
+          EXPECT_EQ(off, 0) << "elements of y off the quantizing graph's by more than 2^-5 of their row's max";
+          const auto close = close_to_reference(yb.data(), m.reference(hx, R, T).data(), T, kHidden, kMxGpuTolerance);
+          EXPECT_TRUE(close);
           EXPECT_TRUE(rows_zero(yb, T));
           EXPECT_NO_THROW(given.layer->check_capturable(given.stream));
           ++replays;
-          same += bitwise;
+          same += off == 0 && bool(close);
+          bitwise_same += std::memcmp(ya.data(), yb.data(), ya.size() * sizeof(bf16)) == 0;
         }
     }
   matrix_row("FP8 capturable forward, x given in MXFP8: 6 graphs (local / slots x forms) at T 0.." +
                  std::to_string(kN) + ", 2 routings (1 GPU)",
-             "y bitwise the quantizing graph's on the same x; rows past T (NaN bytes) not read",
-             std::to_string(same) + " of " + std::to_string(replays) + " replays bitwise equal");
+             "y within 2^-5 of its row's max of the quantizing graph's (atomic order) and kMxGpuTolerance of "
+             "the reference; rows past T (NaN bytes) not read",
+             std::to_string(same) + " of " + std::to_string(replays) + " replays right (" + std::to_string(bitwise_same) +
+                 " bitwise equal)");
 }
 
 // A bad id: local, its token's row NaN and the others right; slots, every row of the rank NaN (its
