@@ -402,8 +402,9 @@ class CudaWorld1(unittest.TestCase):
     def test_capturable_given_mxfp8_x(self):
         """An MXFP8 module's forward_capturable with x given in MXFP8 (x_scale=...) under torch.cuda.graph,
         beside its bf16-x graph: at T = 0, 1, 5, N the given graph's y equals the quantizing graph's bit for
-        bit (epmoe.quantize_mxfp8 is the host quantizer the device one matches bit for bit); x rows past T
-        hold 0xFF bytes (NaN in E4M3 and E8M0) that must not be read."""
+        bit (epmoe.quantize_mxfp8 is the host quantizer the device one matches bit for bit, and at k = 2 a
+        token's two bf16 atomic adds onto 0 commute, so their order cannot show); x rows past T hold 0xFF
+        bytes (NaN in E4M3 and E8M0) that must not be read."""
         N, E, k, H, Fd = 24, 8, 2, 256, 256
         w1, w2, _ = make_case(1, E, k, H, Fd, 1, 4820)
         moe = epmoe.MoE(E, k, H, Fd, self.comm, max_tokens=N).cuda()
