@@ -76,10 +76,7 @@ void GpuEngine::init_capturable() {
   if (fp8_) {
     // One form for every replay: the rule's for the capacity's pairs (as the bf16 plan below takes
     // its bound), the caller's swap= / fused= on top; block-128 has the tile form only.
-    cap_mx_form_ = fp8_scales_ == kernels::Fp8Scales::block128
-                       ? kernels::MxForm::tile
-                       : kernels::choose_mx_form(rows * std::min(cfg.top_k, El), El, opt_.sm90_plan.swap_ab,
-                                                 opt_.sm90_plan.fused);
+    cap_mx_form_ = fp8_form(rows * std::min(cfg.top_k, El));
     fused = cap_mx_form_ == kernels::MxForm::fused;
     cap_act_.ensure(size_t(cap_rows_) * size_t(kernels::fp8_packed_row_bytes(fp8_scales_, F)));
     cap_xq_.ensure(size_t(N) * size_t(kernels::fp8_packed_row_bytes(fp8_scales_, H)));
@@ -163,15 +160,7 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   };
   // An FP8 layer's experts on packed rows of its format (xr: x's quantized rows, or the received ones).
   auto experts_fp8 = [&](const uint8_t* xr, bf16* out, int64_t rows) {
-    kernels::MxExpertProblem m;
-    m.x = xr, m.x_rows = rows;
-    m.padded_offsets = lay.offsets, m.pair_row = lay.pair_row, m.pair_weight = lay.pair_weight;
-    m.w1 = w1q_, m.w1_scale = w1s_, m.w2 = w2q_, m.w2_scale = w2s_;
-    m.act = cap_act_.as<uint8_t>();
-    m.out = reinterpret_cast<__nv_bfloat16*>(out), m.out_rows = rows;
-    m.rows_capacity = cap_rows_, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
-    m.scales = fp8_scales_;
-    m.form = cap_mx_form_;
+    kernels::MxExpertProblem m = fp8_problem(xr, rows, layout, cap_act_.as<uint8_t>(), out, cap_mx_form_);
     m.zero_out = m.form != kernels::MxForm::fused;  // (the fused write-out writes every row)
     if (m.form == kernels::MxForm::fused) m.out_acc = cap_fused_acc_.as<float>();
     kernels::sm90_mx_experts_launch(m, s);

@@ -225,6 +225,25 @@ size_t GpuEngine::wire_row_bytes() const {
   return fp8_ ? size_t(kernels::fp8_packed_row_bytes(fp8_scales_, cfg.hidden)) : size_t(cfg.hidden) * sizeof(bf16);
 }
 
+kernels::MxExpertProblem GpuEngine::fp8_problem(const uint8_t* x, int64_t rows, const kernels::ExpertLayoutView& layout,
+                                                uint8_t* act, bf16* out, kernels::MxForm form) const {
+  kernels::MxExpertProblem m;
+  m.x = x, m.x_rows = rows;
+  m.padded_offsets = layout.padded_offsets, m.pair_row = layout.pair_row, m.pair_weight = layout.pair_weight;
+  m.w1 = w1q_, m.w1_scale = w1s_, m.w2 = w2q_, m.w2_scale = w2s_;
+  m.act = act;
+  m.out = reinterpret_cast<__nv_bfloat16*>(out), m.out_rows = rows;
+  m.rows_capacity = layout.rows_capacity, m.experts = cfg.experts_per_rank(), m.hidden = cfg.hidden, m.ffn = cfg.ffn;
+  m.scales = fp8_scales_;
+  m.form = form;
+  return m;
+}
+
+kernels::MxForm GpuEngine::fp8_form(int64_t pairs) const {
+  if (fp8_scales_ == kernels::Fp8Scales::block128) return kernels::MxForm::tile;  // (its one form)
+  return kernels::choose_mx_form(pairs, cfg.experts_per_rank(), opt_.sm90_plan.swap_ab, opt_.sm90_plan.fused);
+}
+
 GpuDispatchView GpuEngine::dispatch_view() const {
   GpuDispatchView v;
   v.recv_x = recv_x_.as<void>();
@@ -528,17 +547,8 @@ void GpuEngine::run_experts(const Forward& f, cudaStream_t s) {
       prob.pair_out = det_pair_out_.as<__nv_bfloat16>();
     }
     if (fp8_) {
-      kernels::MxExpertProblem m;
-      m.x = recv_x_.as<uint8_t>(), m.x_rows = R;
-      m.padded_offsets = d_expert_off_, m.pair_row = pair_row_.as<int32_t>(), m.pair_weight = pair_weight_.as<float>();
-      m.w1 = w1q_, m.w1_scale = w1s_, m.w2 = w2q_, m.w2_scale = w2s_;
-      m.act = act_.as<uint8_t>();
-      m.out = combine_.as<__nv_bfloat16>(), m.out_rows = R;
-      m.rows_capacity = P, m.experts = El, m.hidden = cfg.hidden, m.ffn = cfg.ffn;
-      m.scales = fp8_scales_;
-      m.form = m.scales == kernels::Fp8Scales::block128  // (its one form)
-                   ? kernels::MxForm::tile
-                   : kernels::choose_mx_form(f.plan.total_pairs(), El, opt_.sm90_plan.swap_ab, opt_.sm90_plan.fused);
+      kernels::MxExpertProblem m = fp8_problem(recv_x_.as<uint8_t>(), R, layout, act_.as<uint8_t>(),
+                                               combine_.as<bf16>(), fp8_form(f.plan.total_pairs()));
       if (m.form == kernels::MxForm::fused) m.out_acc = fused_accumulator(R, s);
       kernels::sm90_mx_experts_launch(m, s);
     } else if (saving_h) {

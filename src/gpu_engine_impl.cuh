@@ -147,6 +147,12 @@ class GpuEngine final : public MoeLayer::Engine {
   const uint8_t *w1q_ = nullptr, *w1s_ = nullptr, *w2q_ = nullptr, *w2s_ = nullptr;
   void set_weights(const ExpertWeights& w);
   size_t wire_row_bytes() const;  // a dispatched row: bf16, or a packed FP8 row
+  // The FP8 experts' problem: x and out `rows` packed / bf16 rows on `layout`, act the packed act
+  // rows, in `form` (zero_out and out_acc are the caller's). fp8_form: the form for `pairs` pairs
+  // (block-128: its tile form; MXFP8: choose_mx_form with sm90_plan's swap= / fused= on top).
+  kernels::MxExpertProblem fp8_problem(const uint8_t* x, int64_t rows, const kernels::ExpertLayoutView& layout,
+                                       uint8_t* act, bf16* out, kernels::MxForm form) const;
+  kernels::MxForm fp8_form(int64_t pairs) const;
 
   cudaStream_t side_ = nullptr;
   cudaEvent_t ev_done_ = nullptr, ev_fork_ = nullptr, ev_zeroed_ = nullptr;
