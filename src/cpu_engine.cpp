@@ -44,8 +44,8 @@ class CpuEngine final : public MoeLayer::Engine {
   void bind_weights(const ExpertWeights& w) override {
     validate_weights(cfg, w, DeviceType::cpu);
     EPMOE_CHECK(w.fp8() == fp8_ && w.fp8_block() == block_, ErrorCode::invalid_argument,
-                "bind_weights: the layer was built with ", format_name(fp8_, block_), " weights; these are ",
-                format_name(w.fp8(), w.fp8_block()));
+                "bind_weights: the layer was built with ", layer_format_name(fp8_, block_), " weights; these are ",
+                layer_format_name(w.fp8(), w.fp8_block()));
     if (fp8_) set_fp8(w);
     else experts_.set_weights(w.w1.ptr<bf16>(), w.w2.ptr<bf16>());
   }
@@ -72,14 +72,10 @@ class CpuEngine final : public MoeLayer::Engine {
     protocol::Status status = validate_forward_args(cfg, x, ids, wts, y, DeviceType::cpu, x_scale);
     if (status.ok() && save != nullptr && fp8_) {
       status.code = ErrorCode::unsupported;
-      status.text = std::string("an ") + format_name(fp8_, block_) +
+      status.text = std::string("an ") + layer_format_name(fp8_, block_) +
                     " layer is forward-only: a forward that saves for backward is not supported";
     }
-    if (status.ok() && x_scale != nullptr && (!fp8_ || block_)) {
-      status.code = ErrorCode::unsupported;
-      status.text = std::string("forward_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ") +
-                    format_name(fp8_, block_);
-    }
+    if (status.ok() && x_scale != nullptr) status = check_given_mx_layer("forward_mxfp8", fp8_, block_);
     protocol::DispatchLayout L = protocol::empty_dispatch_layout(cfg);
     if (status.ok()) {
       L = protocol::dispatch_layout(ids.ptr<int32_t>(), wts.ptr<float>(), x.shape[0], cfg);
@@ -236,7 +232,6 @@ class CpuEngine final : public MoeLayer::Engine {
       experts_.set_mxfp8_weights(w.w1.ptr<uint8_t>(), w.w1_scale.ptr<uint8_t>(), w.w2.ptr<uint8_t>(),
                                  w.w2_scale.ptr<uint8_t>());
   }
-  static const char* format_name(bool fp8, bool block) { return !fp8 ? "bf16" : block ? "FP8 block-128" : "MXFP8"; }
   CpuExperts experts_;
   std::vector<int64_t> send_hdr_, recv_hdr_;
   std::vector<bf16> send_x_, recv_x_, expert_out_, returned_;

@@ -60,6 +60,11 @@ class MoeLayer::Engine {
 protocol::Status validate_forward_args(const MoeConfig& cfg, const TensorView& x, const TensorView& topk_ids,
                                        const TensorView& topk_weights, const TensorView& y, DeviceType device,
                                        const TensorView* x_scale = nullptr);
+// "bf16", "MXFP8" or "FP8 block-128": a layer's weight format in messages.
+const char* layer_format_name(bool fp8, bool block128);
+// x given in MXFP8 (`who`: forward_mxfp8, forward_capturable_mxfp8) needs an MXFP8 layer: ok, or
+// unsupported naming this layer's format. Both engines' check.
+protocol::Status check_given_mx_layer(const char* who, bool fp8, bool block128);
 // Checks w1/w2 shapes for this rank (throws: construction is local and before any collective
 // except the configuration agreement, which runs first).
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device);

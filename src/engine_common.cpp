@@ -103,6 +103,18 @@ protocol::Status validate_backward_args(const MoeConfig& cfg, const MoeForwardCo
   return validate_backward_tensors(cfg, T, dy, dx, dwts, g, device);
 }
 
+const char* layer_format_name(bool fp8, bool block128) { return !fp8 ? "bf16" : block128 ? "FP8 block-128" : "MXFP8"; }
+
+protocol::Status check_given_mx_layer(const char* who, bool fp8, bool block128) {
+  protocol::Status s;
+  if (!fp8 || block128) {
+    s.code = ErrorCode::unsupported;
+    s.text = detail::concat(who, " needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ",
+                            layer_format_name(fp8, block128));
+  }
+  return s;
+}
+
 void validate_weights(const MoeConfig& cfg, const ExpertWeights& w, DeviceType device) {
   const int El = cfg.experts_per_rank();
   const int64_t H = cfg.hidden, F = cfg.ffn;

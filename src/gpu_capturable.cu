@@ -107,9 +107,11 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
                                    const TensorView* x_scale) {
   EPMOE_CHECK(opt_.max_tokens_per_rank > 0, ErrorCode::invalid_argument,
               "forward_capturable: the layer was built without LayerOptions::max_tokens_per_rank");
-  EPMOE_CHECK(x_scale == nullptr || (fp8_ && fp8_scales_ == kernels::Fp8Scales::mx32), ErrorCode::unsupported,
-              "forward_capturable_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ",
-              fp8_ ? "FP8 block-128" : "bf16");
+  if (x_scale != nullptr) {
+    const protocol::Status layer = check_given_mx_layer("forward_capturable_mxfp8", fp8_,
+                                                        fp8_scales_ == kernels::Fp8Scales::block128);
+    if (!layer.ok()) throw Error(layer.code, layer.text);
+  }
   DeviceGuard guard(device_);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   // Host checks of shapes and pointers: the same on every rank that passes the same kind of buffers
@@ -118,10 +120,6 @@ void GpuEngine::forward_capturable(const TensorView& x, const TensorView& ids, c
   if (st.ok()) st = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (st.ok() && x_scale != nullptr) st = check_devices({{x_scale, "x_scale"}});
   if (!st.ok()) throw Error(st.code, "forward_capturable: " + st.text);
-  EPMOE_CHECK(x_scale == nullptr || (reinterpret_cast<uintptr_t>(x.data) % 16 == 0 &&
-                                     reinterpret_cast<uintptr_t>(x_scale->data) % 4 == 0),
-              ErrorCode::invalid_argument,
-              "forward_capturable_mxfp8: x must be 16-byte and x_scale 4-byte aligned (the pack copies whole words)");
   const int64_t N = x.shape[0];
   EPMOE_CHECK(N <= opt_.max_tokens_per_rank, ErrorCode::invalid_argument, "forward_capturable: ", N,
               " rows exceed max_tokens_per_rank ", opt_.max_tokens_per_rank);

@@ -339,18 +339,10 @@ int64_t GpuEngine::route_tokens(const TensorView& x, const TensorView& ids, cons
     status.code = ErrorCode::unsupported;
     status.text = "an FP8 layer is forward-only: a forward that saves for backward is not supported";
   }
-  if (status.ok() && x_scale != nullptr && (!fp8_ || fp8_scales_ != kernels::Fp8Scales::mx32)) {
-    status.code = ErrorCode::unsupported;
-    status.text = std::string("forward_mxfp8 needs an MXFP8 layer (e4m3 weights, e8m0 scales); this one is ") +
-                  (fp8_ ? "FP8 block-128" : "bf16");
-  }
+  if (status.ok() && x_scale != nullptr)
+    status = check_given_mx_layer("forward_mxfp8", fp8_, fp8_scales_ == kernels::Fp8Scales::block128);
   if (status.ok()) status = check_devices({{&x, "x"}, {&ids, "topk_ids"}, {&wts, "topk_weights"}, {&y, "y"}});
   if (status.ok() && x_scale != nullptr) status = check_devices({{x_scale, "x_scale"}});
-  if (status.ok() && x_scale != nullptr &&
-      (reinterpret_cast<uintptr_t>(x.data) % 16 != 0 || reinterpret_cast<uintptr_t>(x_scale->data) % 4 != 0)) {
-    status.code = ErrorCode::invalid_argument;
-    status.text = "forward_mxfp8: x must be 16-byte and x_scale 4-byte aligned (the pack copies whole words)";
-  }
   if (status.ok() && x.shape[0] * std::max(k, W) >= int64_t(INT32_MAX)) {
     status.code = ErrorCode::unsupported;
     status.text = detail::concat("T = ", x.shape[0], " tokens x max(top_k, world) = ", std::max(k, W),

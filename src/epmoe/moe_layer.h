@@ -207,7 +207,7 @@ class MoeLayer {
   void forward_capturable(const TensorView& x, const TensorView& topk_ids, const TensorView& topk_weights,
                           const TensorView& y, const int64_t* num_tokens, void* stream = nullptr, bool save = false);
   // The capturable forward of an MXFP8 layer on x given in the format (as forward_mxfp8): x
-  // e4m3[N, hidden] (16-byte aligned) with its scales e8m0[N, hidden / 32] (4-byte aligned); its
+  // e4m3[N, hidden] with its scales e8m0[N, hidden / 32] (both 16-byte aligned, as every argument); its
   // first num_tokens rows are dispatched as they are. The same y as forward_capturable on the bf16 x
   // they stand for. A bf16 or block-128 layer throws Error(unsupported).
   void forward_capturable_mxfp8(const TensorView& x, const TensorView& x_scale, const TensorView& topk_ids,
